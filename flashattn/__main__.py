@@ -1,0 +1,3 @@
+from .runtime import describe
+
+print(describe())

@@ -1,0 +1,53 @@
+"""The machinery every ``check_*`` shares."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+class ExerciseFailed(AssertionError):
+    """The learner's function ran but computed something wrong; the message says what."""
+
+
+class _NotAttempted(Exception):
+    pass
+
+
+def call(fn, *args, **kwargs):
+    """Call the learner's function, turning NotImplementedError into 'not attempted yet'."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as err:
+        raise _NotAttempted from err
+
+
+def rel_error(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float64 (inf when out has NaN/inf or the wrong shape)."""
+    out = torch.as_tensor(out)
+    ref = torch.as_tensor(ref)
+    if out.shape != ref.shape or not torch.isfinite(out).all():
+        return float("inf")
+    ref64 = ref.to(torch.float64)
+    return ((out.to(torch.float64) - ref64).norm() / ref64.norm().clamp_min(1e-300)).item()
+
+
+def exercise(name: str):
+    """Decorator for a check: handles the not-attempted case and prints the success line."""
+
+    def wrap(check):
+        @functools.wraps(check)
+        def run(fn, *args, **kwargs):
+            try:
+                detail = check(fn, *args, **kwargs)
+            except _NotAttempted:
+                print(f"[{name}] not attempted yet: fill in the function above, then run this cell again "
+                      "(a worked solution is in the collapsed cell below).")
+                return False
+            print(f"[{name}] passed" + (f": {detail}" if detail else ""))
+            return True
+
+        return run
+
+    return wrap

@@ -1,0 +1,129 @@
+"""Input checks shared by the reference and every kernel.
+
+Each error says what was given and what is accepted, so that a mistake surfaces here and not as a
+crash deep inside Triton or, worse, as a silently wrong result.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import runtime
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+POW2_HEAD_DIMS = (16, 32, 64, 128, 256)
+INPUT_PRECISIONS = ("ieee", "tf32", "tf32x3")
+COMMON_OPTIONS = ("block_m", "block_n", "num_warps", "num_stages", "input_precision")
+
+_DTYPE_NAMES = ", ".join(str(d).replace("torch.", "") for d in KERNEL_DTYPES)
+
+
+def check_shapes(q, k, v) -> tuple[int, int, int, int]:
+    """q, k, v: tensors of one shape (B, H, N, D) with B, H, N, D >= 1, one dtype, one device."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must have 4 dimensions (B, H, N, D), got shape {tuple(t.shape)} ({t.dim()} dims)"
+            )
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            "q, k and v must have the same shape (B, H, N, D); got "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if any(s < 1 for s in q.shape):
+        raise ValueError(f"every dimension of (B, H, N, D) must be >= 1, got {tuple(q.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must have one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"q, k and v must be on one device; got q on {q.device}, k on {k.device}, v on {v.device}"
+        )
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"q, k, v must be floating point, got {q.dtype}")
+    return tuple(q.shape)
+
+
+def check_scale(scale, D: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale) or scale == 0:
+        raise ValueError(f"scale must be finite and non-zero, got {scale}")
+    return float(scale)
+
+
+def check_causal(causal) -> bool:
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    return causal
+
+
+def check_kernel_inputs(q, k, v, *, variant: str, causal, scale, head_dims=POW2_HEAD_DIMS):
+    """Everything a Triton variant needs to know is acceptable. Returns (B, H, N, D, scale)."""
+    B, H, N, D = check_shapes(q, k, v)
+    causal = check_causal(causal)
+    if q.dtype not in KERNEL_DTYPES:
+        raise TypeError(
+            f"{variant}: dtype {q.dtype} is not supported; accepted: {_DTYPE_NAMES} "
+            "(use flashattn.reference for float64)"
+        )
+    if runtime.MODE == "interpreter" and q.dtype == torch.bfloat16:
+        raise TypeError(
+            f"{variant}: bfloat16 is refused in interpreter mode: Triton's CPU interpreter computes "
+            "tl.dot on bfloat16 incorrectly (relative errors around 1e9), so the result would be "
+            "garbage. Use float16 or float32 here; bfloat16 runs on a GPU."
+        )
+    if runtime.MODE == "gpu" and q.device.type != "cuda":
+        raise ValueError(
+            f"{variant}: GPU mode needs CUDA tensors, got tensors on {q.device}; "
+            "move them with .cuda() (or set TRITON_INTERPRET=1 to use the CPU interpreter)"
+        )
+    if runtime.MODE == "gpu" and not runtime.HAS_GPU:
+        raise ValueError(f"{variant}: TRITON_INTERPRET=0 was set but no CUDA GPU is visible")
+    if D not in head_dims:
+        accepted = ", ".join(map(str, head_dims))
+        hint = "" if variant == "v2_padded" else "; for other head dimensions use the 'v2_padded' variant"
+        raise ValueError(f"{variant}: head dimension D={D} is not supported; accepted: {accepted}{hint}")
+    return B, H, N, D, check_scale(scale, D)
+
+
+def _is_pow2(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0 and (x & (x - 1)) == 0
+
+
+def resolve_options(variant: str, options: dict, defaults: dict, dtype: torch.dtype) -> dict:
+    """Merge user options over ``defaults``; unknown names and bad values raise."""
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise TypeError(
+            f"{variant}: unknown option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(defaults))}"
+        )
+    opts = {**defaults, **options}
+    for key in ("block_m", "block_n"):
+        if key in opts and (not _is_pow2(opts[key]) or opts[key] < 16):
+            raise ValueError(f"{variant}: {key} must be a power of two >= 16, got {opts[key]!r}")
+    if "num_warps" in opts and (not _is_pow2(opts["num_warps"]) or opts["num_warps"] > 32):
+        raise ValueError(f"{variant}: num_warps must be a power of two <= 32, got {opts['num_warps']!r}")
+    if "num_stages" in opts:
+        st = opts["num_stages"]
+        if isinstance(st, bool) or not isinstance(st, int) or st < 1:
+            raise ValueError(f"{variant}: num_stages must be an integer >= 1, got {st!r}")
+    if "input_precision" in options and dtype != torch.float32:
+        raise ValueError(
+            f"{variant}: input_precision applies to float32 inputs only (got {dtype}); "
+            "16-bit inputs always use the tensor cores"
+        )
+    if "input_precision" in opts and opts["input_precision"] not in INPUT_PRECISIONS:
+        raise ValueError(
+            f"{variant}: input_precision must be one of {', '.join(INPUT_PRECISIONS)}, "
+            f"got {opts['input_precision']!r}"
+        )
+    for key, value in opts.items():
+        if isinstance(defaults.get(key), bool) and not isinstance(value, bool):
+            raise TypeError(f"{variant}: option {key} must be True or False, got {value!r}")
+    return opts
