@@ -28,7 +28,7 @@ from . import runtime
 from .recorded import DATA_DIR
 
 REGISTRY: dict[str, dict] = {}
-MEASUREMENT_MODULES = ["flashattn.measurements"]
+MEASUREMENT_MODULES = ["flashattn.measurements", "flashattn.measurements_hw"]
 
 
 def measurement(name: str, *, description: str):

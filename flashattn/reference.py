@@ -16,10 +16,17 @@ def reference(q, k, v, causal: bool = False, scale: float | None = None) -> torc
     _, _, N, D = check_shapes(q, k, v)
     causal = check_causal(causal)
     scale = check_scale(scale, D)
-    q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
-    s = (q64 @ k64.transpose(-1, -2)) * scale
-    if causal:
-        future = torch.ones(N, N, dtype=torch.bool, device=q.device).triu(1)
-        s = s.masked_fill(future, float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    return (p @ v64).to(q.dtype)
+    B, H = q.shape[:2]
+    # float64 scores are N×N per head: go through the heads in groups so that a group's scores stay
+    # near 256 MB (a full-size problem at once would need tens of GB on the GPU)
+    heads_per_group = max(1, (256 << 20) // (8 * N * N))
+    mask = torch.ones(N, N, dtype=torch.bool, device=q.device).triu(1) if causal else None
+    q, k, v = (t.reshape(B * H, N, D) for t in (q, k, v))
+    out = torch.empty((B * H, N, D), dtype=q.dtype, device=q.device)
+    for start in range(0, B * H, heads_per_group):
+        group = slice(start, start + heads_per_group)
+        s = (q[group].double() @ k[group].double().transpose(-1, -2)) * scale
+        if causal:
+            s = s.masked_fill(mask, float("-inf"))
+        out[group] = (torch.softmax(s, dim=-1) @ v[group].double()).to(q.dtype)
+    return out.reshape(B, H, N, D)

@@ -86,7 +86,8 @@ def check_kernel_inputs(q, k, v, *, variant: str, causal, scale, head_dims=POW2_
     if runtime.MODE == "gpu" and not runtime.HAS_GPU:
         raise ValueError(f"{variant}: TRITON_INTERPRET=0 was set but no CUDA GPU is visible")
     if D not in head_dims:
-        accepted = ", ".join(map(str, head_dims))
+        accepted = (f"any D from {head_dims.start} to {head_dims.stop - 1}" if isinstance(head_dims, range)
+                    else ", ".join(map(str, head_dims)))
         hint = "" if variant == "v2_padded" else "; for other head dimensions use the 'v2_padded' variant"
         raise ValueError(f"{variant}: head dimension D={D} is not supported; accepted: {accepted}{hint}")
     return B, H, N, D, check_scale(scale, D)

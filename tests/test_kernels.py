@@ -45,7 +45,9 @@ def test_rows_fully_masked_inside_a_block(name):
     assert rel_error(out, reference(q, k, v, causal=True)) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("opts", [{"use_exp2": True}, {"deferred_norm": False}, {"use_exp2": True, "deferred_norm": False}])
+@pytest.mark.parametrize(
+    "opts", [{"use_exp2": True}, {"deferred_norm": False}, {"use_exp2": True, "deferred_norm": False}]
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_v2_options(opts, causal):
     q, k, v = qkv(1, 2, 70, 32, torch.float16, seed=5)

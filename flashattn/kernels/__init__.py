@@ -1,5 +1,6 @@
 """Every attention variant of the course, by name. Each takes (q, k, v, *, causal, scale, **options)."""
 
+from . import naive, v1, v2
 from .naive import naive_attention
 from .v1 import attention_v1
 from .v2 import attention_v2, attention_v2_kt, attention_v2_kt_view, attention_v2_padded
@@ -12,3 +13,19 @@ VARIANTS = {
     "v2_kt_view": attention_v2_kt_view,
     "v2_padded": attention_v2_padded,
 }
+
+_DEFAULTS = {
+    "naive": naive.default_options,
+    "v1": v1.default_options,
+    "v2": v2.default_options,
+    "v2_kt": v2.default_options,
+    "v2_kt_view": v2.default_options,
+    "v2_padded": v2.padded_default_options,
+}
+
+
+def default_options(variant: str, dtype, D: int, mode: str | None = None) -> dict:
+    """The options ``variant`` uses when none are given, in ``mode`` ("gpu"/"interpreter"; default: current)."""
+    if variant not in _DEFAULTS:
+        raise ValueError(f"unknown variant {variant!r}; accepted: {', '.join(_DEFAULTS)}")
+    return _DEFAULTS[variant](dtype, D, mode)

@@ -101,7 +101,7 @@ def pv_kernel(
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=rows[:, None] < N)
 
 
-def default_options(dtype: torch.dtype, D: int) -> dict:
+def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
     """64×64 tiles on a GPU and in the interpreter (where fewer, larger programs run faster)."""
     return dict(block_m=64, block_n=64, num_warps=4, num_stages=2, input_precision="ieee")
 

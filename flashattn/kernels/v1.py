@@ -79,10 +79,13 @@ def attn_kernel_v1(
             tl.debug_barrier()
 
 
-def default_options(dtype: torch.dtype, D: int) -> dict:
-    """64×64 tiles on a GPU and in the interpreter (where fewer, larger programs run faster)."""
+def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
+    """64×64 tiles on a GPU and in the interpreter (where fewer, larger programs run faster).
+
+    ``mode`` ("gpu" or "interpreter") defaults to the current one.
+    """
     # float32 on CUDA cores needs 8 warps to keep its tiles in registers (4 spill, measured on an H200)
-    warps = 8 if dtype == torch.float32 and runtime.MODE == "gpu" else 4
+    warps = 8 if dtype == torch.float32 and (mode or runtime.MODE) == "gpu" else 4
     return dict(block_m=64, block_n=64, num_warps=warps, num_stages=1, input_precision="ieee")
 
 

@@ -112,8 +112,9 @@ def compute_padded_headdim(D: int) -> int:
     return 1 << (D - 1).bit_length()
 
 
-def default_options(dtype: torch.dtype, D: int) -> dict:
-    if runtime.MODE == "interpreter":
+def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
+    """Tile sizes and options of v2, v2_kt and v2_kt_view; ``mode`` defaults to the current one."""
+    if (mode or runtime.MODE) == "interpreter":
         tiles = dict(block_m=64, block_n=64, num_warps=4, num_stages=1)  # few programs run faster
     elif dtype == torch.float32:
         # CUDA-core dot: at D >= 64, 4 warps run out of registers (measured on an H200: heavy spills)
@@ -123,9 +124,9 @@ def default_options(dtype: torch.dtype, D: int) -> dict:
     return dict(tiles, input_precision="ieee", deferred_norm=True, use_exp2=False)
 
 
-def _padded_defaults(dtype: torch.dtype, D: int) -> dict:
-    opts = default_options(dtype, D)
-    if runtime.MODE == "gpu":  # tiles twice as wide: smaller blocks keep shared memory in bounds
+def padded_default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
+    opts = default_options(dtype, D, mode)
+    if (mode or runtime.MODE) == "gpu":  # tiles twice as wide: smaller blocks keep shared memory in bounds
         opts.update(block_m=64, block_n=64 if compute_padded_headdim(D) <= 128 else 32, num_stages=2)
         if dtype == torch.float32:
             opts.update(num_warps=8)
@@ -189,10 +190,10 @@ def attention_v2_padded(q, k, v, *, causal=False, scale=None, **options):
 
     Also the variant for head dimensions that are not powers of two (e.g. 40, 48, 80, 96).
     """
-    head_dims = tuple(range(1, PADDED_MAX_D + 1))
+    head_dims = range(1, PADDED_MAX_D + 1)
     B, H, N, D, scale = check_kernel_inputs(q, k, v, variant="v2_padded", causal=causal,
                                             scale=scale, head_dims=head_dims)
-    opts = resolve_options("v2_padded", options, _padded_defaults(q.dtype, D), q.dtype)
+    opts = resolve_options("v2_padded", options, padded_default_options(q.dtype, D), q.dtype)
     d_pad = max(16, compute_padded_headdim(D))  # tl.dot needs at least 16
     return _launch(q, k, k.stride(), v, causal=causal, scale=scale, D=D,
                    d_pad=d_pad, k_transposed=False, opts=opts)
