@@ -1,0 +1,326 @@
+"""Exercises of notebooks 03 and 04: the FlashAttention updates, in plain PyTorch over tiles.
+
+* ``check_flash_v1_step(fn)``: ``fn(qi, kj, vj, oi, li, mi, scale) -> (oi_new, li_new, mi_new)``, one
+  FlashAttention-1 update (the state kept normalized, with alpha and beta), notebook 03.
+* ``check_flash_v2(fn)``: ``fn(q, k, v, block_n, causal) -> out``, one head of FlashAttention-2:
+  stream over K/V blocks keeping (mi, li, acc), divide once at the end, notebook 04.
+
+Each check runs the learner's function on fresh random inputs whose length is not a multiple of the
+block, compares it with the float64 reference, and, when it is wrong, compares it with "mistake
+models" (the same algorithm with one classic mistake in it) to say which mistake it looks like.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..reference import reference
+from ._check import ExerciseFailed, call, exercise, rel_error
+
+TOL = 1e-4  # float32 arithmetic gives ~1e-7; every mistake model is off by far more than this
+
+
+def _qkv(N: int, D: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(N, D, generator=gen) for _ in range(3))
+    return 2.0 * q, k, v  # sharper scores: the running max moves from block to block
+
+
+def _reference(q, k, v, causal: bool) -> torch.Tensor:
+    return reference(q[None, None].double(), k[None, None].double(), v[None, None].double(),
+                     causal=causal)[0, 0]
+
+
+def _as_output(out, shape, what: str) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor):
+        raise ExerciseFailed(f"{what} should be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ExerciseFailed(f"{what} should have shape {tuple(shape)}, got {tuple(out.shape)}")
+    return out.detach().to("cpu", torch.float64)
+
+
+def _bad_rows(out: torch.Tensor, ref: torch.Tensor) -> list[int]:
+    err = (out - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-300)
+    return [int(r) for r in torch.nonzero(~(err <= TOL)).flatten()]
+
+
+def _nonfinite_rows(out: torch.Tensor) -> list[int]:
+    return [int(r) for r in torch.nonzero(~torch.isfinite(out).all(dim=-1)).flatten()]
+
+
+def _rows_text(rows: list[int]) -> str:
+    shown = ", ".join(map(str, rows[:6]))
+    return f"rows {shown}" + (f" and {len(rows) - 6} more" if len(rows) > 6 else "")
+
+
+def _factor(out_row: torch.Tensor, ref_row: torch.Tensor) -> float | None:
+    """c if out_row ≈ c·ref_row (the row has the right direction, the wrong size), else None."""
+    c = float(out_row @ ref_row / (ref_row @ ref_row).clamp_min(1e-300))
+    if (out_row - c * ref_row).norm() <= 1e-3 * out_row.norm():
+        return c
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1 (notebook 04): FlashAttention-2 for one head, streaming over K/V blocks
+
+
+def flash_v2_model(q, k, v, block_n: int, causal: bool, *, rescale_acc=True, rescale_l=True,
+                   normalize="end", tail=True, fa1_exponent=False, scale=None) -> torch.Tensor:
+    """The v2 loop for one head in float64, with switches that put in one classic mistake.
+
+    normalize: "end" (divide once after the loop, correct), "never" (forget the final division),
+    "every_step" (divide acc by li_new at every step without multiplying the old li back, and
+    nothing at the end), "every_step_and_end" (the same, and the final division as well).
+    fa1_exponent: exponentiate against each block's own row max (FA1 form) with no guard, which
+    gives NaN for a row that is fully masked inside a block.
+    """
+    q, k, v = (t.double() for t in (q, k, v))
+    N, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    mi = torch.full((N,), float("-inf"), dtype=torch.float64)
+    li = torch.zeros(N, dtype=torch.float64)
+    acc = torch.zeros(N, D, dtype=torch.float64)
+    rows = torch.arange(N)[:, None]
+    end = N if tail else N - N % block_n
+    for start in range(0, end, block_n):
+        kj, vj = k[start:start + block_n], v[start:start + block_n]
+        sij = (q @ kj.T) * scale
+        if causal:
+            sij = sij.masked_fill(start + torch.arange(kj.shape[0])[None, :] > rows, float("-inf"))
+        mij = sij.amax(dim=-1)
+        mi_new = torch.maximum(mi, mij)
+        alpha = torch.exp(mi - mi_new)
+        if fa1_exponent:
+            pij = torch.exp(sij - mij[:, None])
+            beta = torch.exp(mij - mi_new)
+            pv, rowsum = beta[:, None] * (pij @ vj), beta * pij.sum(-1)
+        else:
+            pij = torch.exp(sij - mi_new[:, None])
+            pv, rowsum = pij @ vj, pij.sum(-1)
+        li_new = (alpha * li if rescale_l else li) + rowsum
+        acc = (alpha[:, None] * acc if rescale_acc else acc) + pv
+        if normalize in ("every_step", "every_step_and_end"):
+            acc = acc / li_new[:, None]
+        mi, li = mi_new, li_new
+    if normalize in ("end", "every_step_and_end"):
+        acc = acc / li[:, None]
+    return acc
+
+
+# name, model switches, diagnosis ({row}, {factor}, {case} are filled in)
+V2_MISTAKES = (
+    ("missing_alpha_acc", dict(rescale_acc=False),
+     "row {row} {how} ({case}): did you rescale the accumulator by "
+     "alpha = exp(mi - mi_new) before adding pij @ vj? When the running max grows, what acc holds "
+     "was weighted against the old max."),
+    ("missing_alpha_l", dict(rescale_l=False),
+     "row {row} {how} ({case}): did you rescale li by alpha? "
+     "li = alpha * li + pij.sum(-1): the old sum was taken against the old max, like acc."),
+    ("missing_alpha_both", dict(rescale_acc=False, rescale_l=False),
+     "row {row} {how} ({case}): neither acc nor li is rescaled when the running max grows; "
+     "multiply both by alpha = exp(mi - mi_new) before adding the new block."),
+    ("no_final_division", dict(normalize="never"),
+     "row {row} {how} ({case}), which is that row's softmax denominator: "
+     "did you divide acc by li once after the loop?"),
+    ("divide_every_step", dict(normalize="every_step"),
+     "row {row} {how} ({case}): you divide acc by li_new at every step without undoing the "
+     "previous division. Either keep acc unnormalized and divide once at the end (v2), or multiply "
+     "the old li back in before adding: acc = (alpha * li * acc + pij @ vj) / li_new (v1)."),
+    ("divide_every_step_and_end", dict(normalize="every_step_and_end"),
+     "row {row} {how} ({case}): acc is divided by li_new at every step and again at the end. "
+     "In the v2 form acc stays unnormalized inside the loop: divide once, after it."),
+    ("dropped_tail", dict(tail=False),
+     "row {row} {how} ({case}): the last {tail} keys are never used. N is not a multiple of "
+     "block_n; loop with range(0, N, block_n) and let the last block be shorter."),
+)
+
+
+def _v2_cases():
+    # (N, D, block_n, causal): N not a multiple of block_n in most; all queries form one tile
+    # (BLOCK_M = N > block_n), so a causal run has rows fully masked inside every later K/V block.
+    return ((48, 16, 16, False), (50, 16, 16, False), (50, 16, 16, True), (37, 8, 8, True),
+            (29, 8, 64, True))
+
+
+def _case_text(N, block_n, causal):
+    return f"N={N}, block_n={block_n}, causal={causal}"
+
+
+def _diagnose_v2(case, out, ref, q, k, v, passed):
+    N, D, block_n, causal = case
+    text = _case_text(N, block_n, causal)
+    bad = _nonfinite_rows(out)
+    if bad:
+        raise ExerciseFailed(
+            f"{_rows_text(bad)} contain NaN or inf ({text}). "
+            + ("Here all N queries form one tile, taller than block_n, so with causal=True every K/V block "
+               "after the first has fully masked query rows (those before the block's first key: all their "
+               "scores are -inf). Their block max is -inf and exp(-inf - (-inf)) = NaN. Exponentiate against the "
+               "running max mi_new (finite after the first block), or replace a -inf max by 0 before "
+               "subtracting it." if causal else
+               "Check the initial state (mi = -inf, li = 0, acc = 0) and that you never divide by 0.")
+        )
+    rows = _bad_rows(out, ref)
+    row = rows[0]
+    factor = _factor(out[row], ref[row])
+    how = f"is off by a factor of {factor:.4g}" if factor is not None else "is wrong"
+    for _name, switches, message in V2_MISTAKES:
+        model = flash_v2_model(q, k, v, block_n, causal, **switches)
+        if rel_error(model, ref) > TOL and rel_error(out, model) <= TOL:
+            raise ExerciseFailed(message.format(row=row, how=how, case=text, tail=N % block_n))
+    if causal and any(not c for (_, _, _, c) in passed):
+        raise ExerciseFailed(
+            f"the non-causal runs are right but {text} is not (first wrong row {row}): check the causal "
+            "mask. Query i may see key j when j <= i, with j the key's position in the whole sequence "
+            "(start + its index in the block), not its index inside the block.")
+    if factor is not None:
+        raise ExerciseFailed(
+            f"row {row} {how} ({text}): the weights are right but their sum is "
+            "not; check that li and acc are rescaled by the same alpha and that you divide by li once.")
+    raise ExerciseFailed(
+        f"the output is wrong ({text}): relative error {rel_error(out, ref):.3g}, first wrong row {row} of "
+        f"{N}. Did you use scale = 1/sqrt(D) and exponentiate the scores against the running max?")
+
+
+@exercise("flash_v2")
+def check_flash_v2(fn) -> str:
+    """Check ``fn(q, k, v, block_n, causal)``: one head of FlashAttention-2 in PyTorch, (N, D) in and out."""
+    passed = []  # the cases (N, D, block_n, causal) that came out right
+    worst = 0.0
+    for seed, case in enumerate(_v2_cases()):
+        N, D, block_n, causal = case
+        q, k, v = _qkv(N, D, seed=100 + seed)
+        ref = _reference(q, k, v, causal)
+        out = _as_output(call(fn, q.clone(), k.clone(), v.clone(), block_n, causal), (N, D),
+                         f"flash_v2 output for q of shape ({N}, {D})")
+        err = rel_error(out, ref)
+        if not err <= TOL:
+            _diagnose_v2(case, out, ref, q, k, v, passed)
+        passed.append(case)
+        worst = max(worst, err)
+    return (f"matches the float64 reference (worst relative error {worst:.1e}) for "
+            f"{len(passed)} cases, N not a multiple of block_n, causal and not")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2 (notebook 03): one FlashAttention-1 update, the state kept normalized
+
+
+def flash_v1_step_model(qi, kj, vj, oi, li, mi, scale, *, beta_in_o=True, beta_in_l=True, alpha=True,
+                        division="undo") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The FA1 update in float64, with switches that put in one classic mistake.
+
+    division: "undo" (correct: (alpha·li·oi + beta·pv) / li_new), "none" (no division:
+    alpha·li·oi + beta·pv), "no_undo" ((alpha·oi + beta·pv) / li_new: the old normalization is never
+    undone), "old_l" (divides by the old li instead of li_new).
+    """
+    qi, kj, vj, oi, li, mi = (t.double() for t in (qi, kj, vj, oi, li, mi))
+    sij = (qi @ kj.T) * scale
+    mij = sij.amax(dim=-1)
+    pij = torch.exp(sij - mij[:, None])
+    lij = pij.sum(-1)
+    mi_new = torch.maximum(mi, mij)
+    a = torch.exp(mi - mi_new) if alpha else torch.ones_like(mi)
+    b = torch.exp(mij - mi_new)
+    li_new = a * li + (b if beta_in_l else 1.0) * lij
+    pv = (b[:, None] if beta_in_o else 1.0) * (pij @ vj)
+    if division == "undo":
+        oi_new = (a[:, None] * li[:, None] * oi + pv) / li_new[:, None]
+    elif division == "none":
+        oi_new = a[:, None] * li[:, None] * oi + pv
+    elif division == "no_undo":
+        oi_new = (a[:, None] * oi + pv) / li_new[:, None]
+    else:  # "old_l"
+        oi_new = (a[:, None] * li[:, None] * oi + pv) / li[:, None]
+    return oi_new, li_new, mi_new
+
+
+V1_MISTAKES = (
+    ("missing_beta_o", dict(beta_in_o=False),
+     "row {row} of O is wrong ({case}): did you multiply pij @ vj by beta = exp(mij - mi_new)? pij was "
+     "exponentiated against the block's own max mij, so it must be brought to the new max mi_new."),
+    ("missing_beta_l", dict(beta_in_l=False),
+     "row {row} {how} ({case}): li_new = alpha * li + beta * lij: the block's sum lij is taken against "
+     "its own max mij and needs beta = exp(mij - mi_new) too."),
+    ("missing_beta_both", dict(beta_in_o=False, beta_in_l=False),
+     "row {row} {how} ({case}): beta = exp(mij - mi_new) is missing from both li_new and the new "
+     "term of O."),
+    ("missing_alpha", dict(alpha=False),
+     "row {row} {how} ({case}): did you rescale the old state by alpha = exp(mi - mi_new)? Both li "
+     "and the old O were weighted against the old max."),
+    ("no_division", dict(division="none"),
+     "row {row} {how} ({case}): O is never divided by li_new. In the v1 form O is kept normalized: "
+     "oi_new = (alpha * li * oi + beta * pij @ vj) / li_new at every step."),
+    ("no_undo", dict(division="no_undo"),
+     "row {row} {how} ({case}): the old O is already divided by li; multiply it back by li before "
+     "adding the new block: oi_new = (alpha * li * oi + beta * pij @ vj) / li_new."),
+)
+
+
+def _run_v1(step, q, k, v, block_m, block_n, scale):
+    """Drive a step function in the v1 loop order: outer loop over K/V blocks, inner over Q blocks."""
+    N, D = q.shape
+    o = torch.zeros(N, D, dtype=q.dtype)
+    row_sum = torch.zeros(N, dtype=q.dtype)
+    row_max = torch.full((N,), float("-inf"), dtype=q.dtype)
+    for start_n in range(0, N, block_n):
+        kj, vj = k[start_n:start_n + block_n], v[start_n:start_n + block_n]
+        for start_m in range(0, N, block_m):
+            rows = slice(start_m, start_m + block_m)
+            new = step(q[rows], kj, vj, o[rows].clone(), row_sum[rows].clone(), row_max[rows].clone(), scale)
+            if not (isinstance(new, tuple) and len(new) == 3):
+                raise ExerciseFailed("flash_v1_step should return a tuple (oi_new, li_new, mi_new)")
+            n_rows = q[rows].shape[0]
+            o[rows] = _as_output(new[0], (n_rows, D), "oi_new").to(q.dtype)
+            row_sum[rows] = _as_output(new[1], (n_rows,), "li_new").to(q.dtype)
+            row_max[rows] = _as_output(new[2], (n_rows,), "mi_new").to(q.dtype)
+    return o, row_sum, row_max
+
+
+@exercise("flash_v1_step")
+def check_flash_v1_step(fn) -> str:
+    """Check ``fn(qi, kj, vj, oi, li, mi, scale) -> (oi_new, li_new, mi_new)``, the FA1 update."""
+    N, D, block_m, block_n = 50, 16, 16, 16
+    case = f"N={N}, blocks {block_m}x{block_n}, after all K/V blocks"
+    q, k, v = _qkv(N, D, seed=7)
+    scale = 1.0 / math.sqrt(D)
+    ref = _reference(q, k, v, causal=False)
+    s = (q.double() @ k.double().T) * scale
+    m_ref = s.amax(dim=-1)
+    l_ref = torch.exp(s - m_ref[:, None]).sum(-1)
+
+    def learner(*args):
+        return call(fn, *args)
+
+    o, row_sum, row_max = (t.double() for t in _run_v1(learner, q, k, v, block_m, block_n, scale))
+    bad = _nonfinite_rows(o)
+    if bad:
+        raise ExerciseFailed(
+            f"{_rows_text(bad)} of O contain NaN or inf ({case}). The state starts at O = 0, l = 0, "
+            "m = -inf: dividing by the old li (0 at the first block) gives inf, for example; divide by li_new.")
+    if rel_error(o, ref) > TOL:
+        row = _bad_rows(o, ref)[0]
+        factor = _factor(o[row], ref[row])
+        how = f"is off by a factor of {factor:.4g}" if factor is not None else "is wrong"
+        for _name, switches, message in V1_MISTAKES:
+            def model(*args, switches=switches):
+                return flash_v1_step_model(*args, **switches)
+
+            mo, _, _ = _run_v1(model, q.double(), k.double(), v.double(), block_m, block_n, scale)
+            if rel_error(mo, ref) > TOL and rel_error(o, mo) <= TOL:
+                raise ExerciseFailed(message.format(row=row, how=how, case=case))
+        raise ExerciseFailed(
+            f"O is wrong ({case}): relative error {rel_error(o, ref):.3g}, first wrong row {row}. "
+            "The v1 update: mij = rowmax(sij), pij = exp(sij - mij), lij = rowsum(pij), "
+            "mi_new = max(mi, mij), alpha = exp(mi - mi_new), beta = exp(mij - mi_new), "
+            "li_new = alpha*li + beta*lij, oi_new = (alpha*li*oi + beta*pij@vj) / li_new.")
+    if rel_error(row_max, m_ref) > TOL or rel_error(row_sum, l_ref) > TOL:
+        raise ExerciseFailed(
+            f"O is right but the state is not ({case}): mi_new should be the running row max of the scaled "
+            "scores, max(mi, rowmax(sij)), and li_new the running sum Σ exp(s - mi_new). A state shifted by a "
+            "constant gives the right O here but the wrong statistics for a later pass (e.g. a backward).")
+    return (f"O matches the float64 reference (relative error {rel_error(o, ref):.1e}); l and m are the "
+            f"row sums and maxima; N={N} with {block_m}x{block_n} blocks")
