@@ -14,7 +14,6 @@ TFLOP/s with TB/s).
 from __future__ import annotations
 
 import math
-import subprocess
 
 import numpy as np
 import torch
@@ -39,13 +38,13 @@ _TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32"
 # --- the GPU's numbers ------------------------------------------------------------------------
 
 
-def hardware_numbers(source: str | None = None, *, gpu: str | None = None,
-                     copy_bytes: int = 1 << 30, matmul_size: int = 8192) -> dict:
+def hardware_numbers(source: str | None = None, *, gpu: str | None = None) -> dict:
     """The memory hierarchy and the measured ceilings of the GPU in use, or of the recorded one.
 
     ``source``: ``"live"`` (measure now; needs GPU mode), ``"recorded"`` (read
     ``flashattn.recorded.get("device")``), or None: live in GPU mode, recorded otherwise.
-    ``gpu`` picks a recorded file; ``copy_bytes`` and ``matmul_size`` size the live measurements.
+    ``gpu`` picks a recorded file. The live numbers come from the same function that
+    ``python -m flashattn.record`` runs (``flashattn.measurements.device``).
 
     Returns a dict with ``name``, ``source``, ``label`` (where the numbers come from),
     ``multiprocessors``, ``l2_cache_bytes``, ``shared_memory_per_sm_bytes``,
@@ -63,7 +62,11 @@ def hardware_numbers(source: str | None = None, *, gpu: str | None = None,
         if runtime.MODE != "gpu":
             raise RuntimeError("hardware_numbers('live') needs GPU mode; in interpreter mode use "
                                "source='recorded' (the recorded GPU results)")
-        return _live_numbers(copy_bytes, matmul_size)
+        from .measurements import device
+
+        entry = device()
+        return _hardware_dict(entry["properties"], entry["copy_bandwidth_gbps"], entry["matmul"], source="live",
+                              label=f"measured live on {entry['properties']['name']} (torch {torch.__version__})")
     raise ValueError(f"source must be 'live', 'recorded' or None, got {source!r}")
 
 
@@ -100,59 +103,6 @@ def _recorded_numbers(gpu: str | None) -> dict:
     entry = recorded.get("device", gpu)
     return _hardware_dict(entry["properties"], entry["copy_bandwidth_gbps"], entry["matmul"],
                           source="recorded", label=recorded.label(entry))
-
-
-def _max_sm_clock_mhz() -> float | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True)
-        return _as_number(out.stdout.strip().splitlines()[0])
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return None
-
-
-def _copy_bandwidth_gbps(nbytes: int) -> float:
-    """A device-to-device copy reads every byte once and writes it once: 2·nbytes per copy."""
-    src = torch.randn(nbytes // 4, device="cuda")
-    dst = torch.empty_like(src)
-    ms = bench.time_ms(lambda: dst.copy_(src))
-    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
-
-
-def _live_numbers(copy_bytes: int, matmul_size: int) -> dict:
-    p = torch.cuda.get_device_properties(0)
-    props = {
-        "name": p.name,
-        "multiprocessors": p.multi_processor_count,
-        "total_memory_bytes": p.total_memory,
-        "l2_cache_bytes": getattr(p, "L2_cache_size", None),
-        "shared_memory_per_block_optin_bytes": getattr(p, "shared_memory_per_block_optin", None),
-        "shared_memory_per_sm_bytes": getattr(p, "shared_memory_per_multiprocessor", None),
-        "registers_per_sm": getattr(p, "regs_per_multiprocessor", None),
-        "max_threads_per_sm": getattr(p, "max_threads_per_multi_processor", None),
-        "max_sm_clock_mhz": _max_sm_clock_mhz(),
-    }
-    copy_gbps = _copy_bandwidth_gbps(min(copy_bytes, p.total_memory // 8))
-
-    M = matmul_size
-    matmul = {}
-    for name, dtype, tf32 in (("float16", torch.float16, False), ("bfloat16", torch.bfloat16, False),
-                              ("float32_tf32", torch.float32, True), ("float32_ieee", torch.float32, False)):
-        old = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        try:
-            a = torch.randn(M, M, device="cuda", dtype=dtype)
-            b = torch.randn(M, M, device="cuda", dtype=dtype)
-            ms = bench.time_ms(lambda: a @ b)  # noqa: B023 - timed before the loop moves on
-            matmul[name] = {"tflops": matmul_flops(M, M, M) / (ms * 1e-3) / 1e12, "ms": ms, "shape": [M, M, M]}
-        except RuntimeError:  # e.g. bfloat16 on a GPU without it
-            matmul[name] = None
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = old
-            a = b = None
-    torch.cuda.empty_cache()
-    return _hardware_dict(props, copy_gbps, matmul, source="live",
-                          label=f"measured live on {p.name} (torch {torch.__version__})")
 
 
 def hierarchy_rows(hw: dict) -> list[dict]:
