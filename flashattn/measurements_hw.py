@@ -7,7 +7,7 @@ import subprocess
 import torch
 
 from . import runtime
-from .kernels import VARIANTS
+from .kernels import VARIANTS, default_options
 from .kernels.v2 import attn_kernel_v2
 from .profile import BANK_METRICS, NcuUnavailable, find_ncu, kernel_facts, ncu_profile
 from .record import measurement
@@ -29,6 +29,13 @@ def _configs():
                              "D": D, "causal": False, "options": dict(p["options"])}
 
 
+def _launch_options(cfg) -> dict:
+    """Tile sizes, warps and stages the configuration ran with (the variant's defaults on a GPU)."""
+    opts = default_options(cfg["variant"], getattr(torch, cfg["dtype"]), cfg["D"], mode="gpu")
+    opts.update(cfg["options"])
+    return {k: opts[k] for k in ("block_m", "block_n", "num_warps", "num_stages")}
+
+
 @measurement("compiled_layouts", description="shared layouts (TTGIR), resources and SASS counts of v2 variants")
 def compiled_layouts() -> dict:
     rows = []
@@ -39,7 +46,8 @@ def compiled_layouts() -> dict:
         VARIANTS[cfg["variant"]](q, k, v, **cfg["options"])
         torch.cuda.synchronize()
         (kernel,) = [kk for c in attn_kernel_v2.device_caches.values() for kk in c[0].values()]
-        rows.append({"path": path, **{k2: cfg[k2] for k2 in ("variant", "dtype", "D", "N")}, **kernel_facts(kernel)})
+        rows.append({"path": path, **{k2: cfg[k2] for k2 in ("variant", "dtype", "D", "N")}, **_launch_options(cfg),
+                     **kernel_facts(kernel)})
     return {"rows": rows, "notes": "default options of each variant; SASS from the cubin via cuobjdump"}
 
 
@@ -62,6 +70,7 @@ def bank_conflicts() -> dict:
     for (path, cfg), launches in zip(configs, profiled, strict=True):
         (launch,) = launches
         rows.append({"path": path, **{k: cfg[k] for k in ("variant", "dtype", "B", "H", "N", "D")},
-                     "grid": launch["grid"], "block": launch["block"], "metrics": launch["metrics"]})
+                     **_launch_options(cfg), "grid": launch["grid"], "block": launch["block"],
+                     "metrics": launch["metrics"]})
     return {"rows": rows, "metrics": BANK_METRICS, "ncu_version": _ncu_version(),
             "notes": "ncu --clock-control none; second launch of each configuration (the first compiles)"}
