@@ -15,6 +15,7 @@ HAS_GPU    := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 TORCH_INDEX ?=
 PIP        := $(BIN)/python -m pip
+ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root)  # Jupyter refuses root (containers) without it
 PIP_QUIET  := --quiet --disable-pip-version-check
 
 .PHONY: setup lab test unit notebooks record lint clean
@@ -32,7 +33,7 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(BIN)/python -m ipykernel install --user --name flashattn-course --display-name "Python (flashattn course)" >/dev/null
 	$(BIN)/python -c "import flashattn; print(flashattn.describe())"
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser --ServerApp.root_dir=notebooks
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser --ServerApp.root_dir=notebooks $(ROOT_FLAG)
 
 test: $(STAMP)
 	$(BIN)/python -c "import flashattn; print(flashattn.describe())"
