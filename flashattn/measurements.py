@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import torch
 
 from . import runtime
 from .bench import attention_flops, peak_memory, sdpa, time_ms
 from .kernels import VARIANTS
-from .record import measurement
+from .record import measurement, nvidia_smi
 from .reference import reference
 
 
@@ -18,15 +16,6 @@ def _run_variant(name, q, k, v, causal, **options):
         return lambda: sdpa(q, k, v, causal=causal)
     fn = VARIANTS[name]
     return lambda: fn(q, k, v, causal=causal, **options)
-
-
-def _nvidia_smi(query: str) -> str | None:
-    try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True)
-        return out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return None
 
 
 def _copy_ms(n: int) -> float:
@@ -59,8 +48,8 @@ def device() -> dict:
         "registers_per_sm": getattr(p, "regs_per_multiprocessor", None),
         "max_threads_per_sm": getattr(p, "max_threads_per_multi_processor", None),
         "warp_size": getattr(p, "warp_size", 32),
-        "max_sm_clock_mhz": _nvidia_smi("clocks.max.sm"),
-        "max_memory_clock_mhz": _nvidia_smi("clocks.max.memory"),
+        "max_sm_clock_mhz": nvidia_smi("clocks.max.sm"),
+        "max_memory_clock_mhz": nvidia_smi("clocks.max.memory"),
     }
     n = 1 << 30  # a 4 GiB device-to-device copy moves 8 GiB (read + write)
     ms = _copy_ms(n)

@@ -9,7 +9,7 @@ import torch
 from . import runtime
 from .kernels import VARIANTS, default_options
 from .kernels.v2 import attn_kernel_v2
-from .profile import BANK_METRICS, NcuUnavailable, find_ncu, kernel_facts, ncu_profile
+from .profile import BANK_METRICS, NcuUnavailable, compiled_kernels, find_ncu, kernel_facts, ncu_profile
 from .record import measurement
 
 # The two paths of notebook 05: float32 on CUDA cores (the source post's), fp16 on tensor cores.
@@ -45,7 +45,7 @@ def compiled_layouts() -> dict:
         attn_kernel_v2.device_caches.clear()
         VARIANTS[cfg["variant"]](q, k, v, **cfg["options"])
         torch.cuda.synchronize()
-        (kernel,) = [kk for c in attn_kernel_v2.device_caches.values() for kk in c[0].values()]
+        (kernel,) = compiled_kernels(attn_kernel_v2)
         rows.append({"path": path, **{k2: cfg[k2] for k2 in ("variant", "dtype", "D", "N")}, **_launch_options(cfg),
                      **kernel_facts(kernel)})
     return {"rows": rows, "notes": "default options of each variant; SASS from the cubin via cuobjdump"}

@@ -49,15 +49,14 @@ def load_measurements() -> dict[str, dict]:
     return REGISTRY
 
 
-def _driver_version() -> str:
+def nvidia_smi(query: str) -> str | None:
+    """One field of ``nvidia-smi --query-gpu`` (e.g. ``driver_version``), or None where it cannot answer."""
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
-        )
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True)
         return out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
-        return "unknown"
+        return None
 
 
 def provenance(command: str) -> dict:
@@ -66,7 +65,7 @@ def provenance(command: str) -> dict:
     return {
         "gpu": runtime.gpu_name() or "none",
         "capability": ".".join(map(str, torch.cuda.get_device_capability(0))) if runtime.HAS_GPU else None,
-        "driver": _driver_version() if runtime.HAS_GPU else None,
+        "driver": (nvidia_smi("driver_version") or "unknown") if runtime.HAS_GPU else None,
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
         "triton": triton.__version__,
