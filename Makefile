@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make lab    set up .venv if needed, then open the course in JupyterLab (localhost, token on)
 #   make test   set up .venv if needed, then run the unit tests and execute every notebook
-# Other targets: make setup, make record (on a GPU), make lint, make clean.
+# Other targets: make setup, make record and make bench (on a GPU), make lint, make clean.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -18,7 +18,7 @@ PIP        := $(BIN)/python -m pip
 ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root)  # Jupyter refuses root (containers) without it
 PIP_QUIET  := --quiet --disable-pip-version-check
 
-.PHONY: setup lab test unit notebooks record lint clean
+.PHONY: setup lab test unit notebooks record bench lint clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,9 @@ notebooks: $(STAMP)
 
 record: $(STAMP)
 	$(BIN)/python -m flashattn.record
+
+bench: $(STAMP)
+	$(BIN)/python -m flashattn.bench
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,4 +1,8 @@
-"""Timing and throughput.
+"""Timing and throughput; ``python -m flashattn.bench`` compares the fast kernel with PyTorch.
+
+    python -m flashattn.bench                       # fast, v2 and SDPA: fp16/bf16, D 64/128, N 1k..16k
+    python -m flashattn.bench --dtypes float16 --head-dims 128 --seq-lens 4096 --causal true
+    python -m flashattn.bench --record              # the same table, saved into figures/data/ (via flashattn.record)
 
 FLOP convention (the one FlashAttention papers use): a forward pass does two matrix products of
 2·N·N·D multiply-adds per (batch, head), so 4·B·H·N²·D FLOP; causal attention does half of that.
@@ -6,6 +10,10 @@ Times are medians of ``triton.testing.do_bench`` (GPU only).
 """
 
 from __future__ import annotations
+
+import argparse
+import functools
+import sys
 
 import torch
 
@@ -46,3 +54,108 @@ def peak_memory(fn) -> int:
     fn()
     torch.cuda.synchronize()
     return torch.cuda.max_memory_allocated() - before
+
+
+# --- the side-by-side benchmark of notebook 09 ---------------------------------------------------
+
+BENCH_VARIANTS = ("fast", "v2")
+BENCH_DTYPES = ("float16", "bfloat16")
+BENCH_HEAD_DIMS = (64, 128)
+BENCH_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
+BENCH_TOKENS = 16384  # B·N is held fixed, so every row does the same number of rows of work
+BENCH_HEADS = 16
+
+
+def compare(variants=BENCH_VARIANTS, dtypes=BENCH_DTYPES, head_dims=BENCH_HEAD_DIMS, seq_lens=BENCH_SEQ_LENS,
+            causals=(False, True), tokens: int = BENCH_TOKENS, H: int = BENCH_HEADS, check: bool = True,
+            progress=None) -> list[dict]:
+    """Time each variant and SDPA on the same inputs, one problem after another, on the GPU.
+
+    One row per (dtype, D, N, causal) with B = tokens // N: ``ms`` and ``tflops`` per kernel
+    (medians of do_bench), ``vs_sdpa`` = SDPA's time / the variant's time (> 1: faster than SDPA)
+    and, with ``check``, each variant's relative error against the float64 reference on the first
+    two heads of the first batch.
+    """
+    from .kernels import VARIANTS
+    from .reference import reference
+
+    if runtime.MODE != "gpu":
+        raise RuntimeError("the benchmark needs a GPU; notebook 09 shows the recorded table instead")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {', '.join(unknown)}; accepted: {', '.join(VARIANTS)}")
+    rows = []
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
+        for D in head_dims:
+            for N in seq_lens:
+                if tokens % N:
+                    raise ValueError(f"tokens={tokens} must be a multiple of every N, got N={N}")
+                B = tokens // N
+                q, k, v = runtime.random_qkv(B, H, N, D, dtype=dtype, seed_value=N + D)
+                for causal in causals:
+                    flops = attention_flops(B, H, N, D, causal)
+                    row = {"dtype": dtype_name, "B": B, "H": H, "N": N, "D": D, "causal": causal,
+                           "ms": {}, "tflops": {}, "vs_sdpa": {}, "rel_error": {}}
+                    kernels = {"sdpa": functools.partial(sdpa, q, k, v, causal=causal)}
+                    for name in variants:
+                        kernels[name] = functools.partial(VARIANTS[name], q, k, v, causal=causal)
+                    for name, fn in kernels.items():
+                        fn()  # compile and autotune outside the timing
+                        row["ms"][name] = time_ms(fn)
+                        row["tflops"][name] = flops / row["ms"][name] / 1e9
+                    for name in variants:
+                        row["vs_sdpa"][name] = row["ms"]["sdpa"] / row["ms"][name]
+                        if check:
+                            sl = (slice(0, 1), slice(0, 2))
+                            out = VARIANTS[name](q[sl], k[sl], v[sl], causal=causal)
+                            ref = reference(q[sl], k[sl], v[sl], causal=causal)
+                            row["rel_error"][name] = ((out.double() - ref).norm() / ref.norm()).item()
+                    rows.append(row)
+                    if progress:
+                        progress(format_row(row, variants))
+    return rows
+
+
+def format_header(variants=BENCH_VARIANTS) -> str:
+    cells = "".join(f"{name + ' TF/s':>12}{'×SDPA':>7}" for name in variants)
+    return f"{'dtype':<9}{'D':>4}{'N':>7}{'B':>4} {'causal':<7}{'SDPA TF/s':>10}{cells}"
+
+
+def format_row(row: dict, variants=BENCH_VARIANTS) -> str:
+    cells = "".join(f"{row['tflops'][n]:>12.0f}{row['vs_sdpa'][n]:>7.2f}" for n in variants)
+    return (f"{row['dtype']:<9}{row['D']:>4}{row['N']:>7}{row['B']:>4} {str(row['causal']):<7}"
+            f"{row['tflops']['sdpa']:>10.0f}{cells}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashattn.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=list(BENCH_VARIANTS))
+    parser.add_argument("--dtypes", nargs="+", default=list(BENCH_DTYPES), choices=["float16", "bfloat16"])
+    parser.add_argument("--head-dims", nargs="+", type=int, default=list(BENCH_HEAD_DIMS))
+    parser.add_argument("--seq-lens", nargs="+", type=int, default=list(BENCH_SEQ_LENS))
+    parser.add_argument("--causal", choices=["both", "true", "false"], default="both")
+    parser.add_argument("--record", action="store_true",
+                        help="run the default table as the 'fast_vs_sdpa' measurement and save it in figures/data/")
+    args = parser.parse_args(argv)
+    if runtime.MODE != "gpu":
+        print("flashattn.bench times kernels on a GPU, and none is in use here (" + runtime.describe() + ").\n"
+              "Notebook 09 shows the recorded table instead.", file=sys.stderr)
+        return 2
+    if args.record:
+        from . import record
+
+        print(f"[bench] wrote {record.run(['fast_vs_sdpa'], command='python -m flashattn.bench --record')}")
+        return 0
+    causals = {"both": (False, True), "true": (True,), "false": (False,)}[args.causal]
+    print(format_header(args.variants), flush=True)
+    compare(args.variants, args.dtypes, args.head_dims, args.seq_lens, causals,
+            tokens=max(BENCH_TOKENS, *args.seq_lens),
+            progress=lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    from flashattn.bench import main as _main
+
+    sys.exit(_main())

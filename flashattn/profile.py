@@ -192,5 +192,237 @@ def _run_target(target: list[dict]) -> None:
         torch.cuda.synchronize()
 
 
+
+# ---------------------------------------------------------------- memory traffic and the learner's commands
+#
+# Appended for notebook 08 (profiling workflow) and the 'traffic_measured' measurement. Metric names
+# are those that worked with Nsight Compute 2025.3 on an H200 (see the course's source notes).
+
+SECTOR_BYTES = 32  # the L2 works in 32-byte sectors
+
+TRAFFIC_METRICS = [
+    "dram__bytes_read.sum",  # bytes the DRAM delivered (L2 misses)
+    "dram__bytes_write.sum",  # bytes written back to DRAM (evicted dirty L2 lines)
+    "lts__t_sectors_srcunit_tex_op_read.sum",  # sectors the SMs asked of L2 for loads
+    "lts__t_sectors_srcunit_tex_op_write.sum",  # ... for stores
+    "lts__t_bytes.sum",  # every L2 lookup, from any unit and any operation
+    "gpu__time_duration.sum",
+]
+
+SHARED_METRICS = [
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+]
+
+STALL_REASONS = ("mio_throttle", "short_scoreboard", "long_scoreboard", "barrier", "math_pipe_throttle",
+                 "wait", "lg_throttle", "not_selected", "selected")
+
+WARP_METRICS = [
+    "sm__warps_active.avg.pct_of_peak_sustained_active",  # achieved occupancy
+    "smsp__average_warp_latency_per_inst_issued.ratio",  # cycles between two instructions of a warp
+    *(f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio" for reason in STALL_REASONS),
+]
+
+METRIC_MEANINGS = {
+    "dram__bytes_read.sum": "bytes read from DRAM (HBM): what missed in L2",
+    "dram__bytes_write.sum": "bytes written to DRAM: dirty L2 lines evicted while the kernel ran",
+    "lts__t_sectors_srcunit_tex_op_read.sum": "32-byte sectors the SMs' loads asked of L2 (hit or miss)",
+    "lts__t_sectors_srcunit_tex_op_write.sum": "32-byte sectors the SMs' stores sent to L2",
+    "lts__t_bytes.sum": "bytes of every L2 lookup, from all units (SMs, copy engines, the other L2 half)",
+    "gpu__time_duration.sum": "kernel duration (ns)",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum": "shared-memory load wavefronts (passes of the "
+                                                            "shared-memory pipe)",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": "extra wavefronts caused by bank conflicts on "
+                                                                "shared loads",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved occupancy: active warps per SM, % of the "
+                                                         "maximum",
+    "smsp__average_warp_latency_per_inst_issued.ratio": "cycles a warp waits between two of its instructions "
+                                                        "(the sum of the stall reasons)",
+    **{f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio":
+       f"of those cycles, stalled on '{reason.replace('_', ' ')}'" for reason in STALL_REASONS},
+}
+
+NAIVE_KERNELS = ("scores_kernel", "softmax_kernel", "pv_kernel")
+
+
+def kernel_names(variant: str) -> tuple[str, ...]:
+    """The Triton kernels one call of ``variant`` launches (naive: three; the others: one)."""
+    if variant == "naive":
+        return NAIVE_KERNELS
+    if variant == "v1":
+        return ("attn_kernel_v1",)
+    if variant.startswith("v2"):
+        return ("attn_kernel_v2",)
+    raise ValueError(f"unknown variant {variant!r}; accepted: naive, v1, v2, v2_kt, v2_kt_view, v2_padded")
+
+
+def kernel_regex(variants) -> str:
+    """An ncu ``--kernel-name regex:`` that matches the kernels of every variant in ``variants``."""
+    if isinstance(variants, str):
+        variants = (variants,)
+    names = sorted({name for v in variants for name in kernel_names(v)})
+    return "|".join(names)
+
+
+def target_config(variant: str, *, B: int, H: int, N: int, D: int, dtype: str = "float16", causal: bool = False,
+                  options: dict | None = None) -> dict:
+    """One configuration for ``python -m flashattn.profile TARGET_JSON`` (a JSON-able dict)."""
+    kernel_names(variant)  # validates the name
+    if dtype not in ("float16", "bfloat16", "float32"):
+        raise ValueError(f"dtype must be 'float16', 'bfloat16' or 'float32', got {dtype!r}")
+    return {"variant": variant, "dtype": dtype, "B": int(B), "H": int(H), "N": int(N), "D": int(D),
+            "causal": bool(causal), "options": dict(options or {})}
+
+
+def _target_and_regex(target) -> tuple[list[dict], str, int]:
+    target = [target] if isinstance(target, dict) else list(target)
+    if not target:
+        raise ValueError("target is empty: give at least one configuration (see target_config)")
+    counts = {len(kernel_names(cfg["variant"])) for cfg in target}
+    if len(counts) != 1:
+        raise ValueError("mix naive (three kernels per call) and the other variants in separate commands")
+    return target, kernel_regex([cfg["variant"] for cfg in target]), counts.pop()
+
+
+def ncu_shell_command(target, metrics: list[str] | None = None, *, ncu: str = "ncu", python: str = "python",
+                      full_set: bool = False, report: str | None = None) -> str:
+    """The command a learner pastes into a shell to profile ``target`` with Nsight Compute.
+
+    ``target`` is one :func:`target_config` dict or a list of them. Each configuration is launched
+    twice (the first launch compiles); for a single configuration ``--launch-skip`` drops the
+    warm-up launch, so ncu profiles only the second. ``full_set=True`` asks for ``--set full`` (every
+    section: slow, dozens of replays per kernel) instead of the listed metrics; ``report`` writes an
+    ``.ncu-rep`` file for the Nsight Compute GUI instead of printing CSV.
+    """
+    import shlex
+
+    target, regex, per_call = _target_and_regex(target)
+    args = [ncu, "--clock-control", "none", "--kernel-name", f"regex:{regex}"]
+    if len(target) == 1:
+        args += ["--launch-skip", str(per_call), "--launch-count", str(per_call)]
+    if full_set:
+        args += ["--set", "full"]
+    else:
+        args += ["--metrics", ",".join(metrics or TRAFFIC_METRICS)]
+    args += ["-o", report] if report else ["--csv", "--page", "raw", "--print-units", "base"]
+    args += [python, "-m", "flashattn.profile", json.dumps(target, separators=(",", ":"))]
+    return shlex.join(args)
+
+
+def nsys_command(target, *, report: str = "flashattn_timeline", python: str = "python") -> str:
+    """The Nsight Systems command for a timeline of ``target`` (every kernel, memcpy and CPU range)."""
+    import shlex
+
+    target, _, _ = _target_and_regex(target)
+    return shlex.join(["nsys", "profile", "--trace", "cuda,nvtx,osrt", "--force-overwrite", "true",
+                       "--output", report, python, "-m", "flashattn.profile",
+                       json.dumps(target, separators=(",", ":"))])
+
+
+def ncu_version() -> str | None:
+    """``ncu --version``'s last line, or None without ncu."""
+    ncu = find_ncu()
+    if not ncu:
+        return None
+    try:
+        out = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[-1] if lines else None
+
+
+def ncu_status() -> str:
+    """One sentence: can Nsight Compute run here? (Permission is only known once it tries.)"""
+    ncu = find_ncu()
+    if ncu is None:
+        return ("Nsight Compute (ncu) is not installed or not on PATH: the recorded measurements are shown "
+                "instead. It ships with the CUDA toolkit (or as 'nsight-compute').")
+    from . import runtime
+
+    if runtime.MODE != "gpu":
+        return f"ncu found at {ncu}, but no GPU is in use ({runtime.describe()}): recorded measurements are shown."
+    return (f"ncu found at {ncu}. If it reports ERR_NVGPUCTRPERM, the driver does not let this user read the "
+            "performance counters (ask an administrator, or run where you may).")
+
+
+def is_additive(metric: str) -> bool:
+    """Whether a metric adds up over kernels (counts and durations do; averages, ratios and % do not)."""
+    return metric.endswith(".sum") and ".pct" not in metric and ".per_" not in metric
+
+
+def sum_launches(launches: list[dict]) -> dict[str, float]:
+    """The additive metrics (``.sum``) of several kernel launches, added up (e.g. naive's three)."""
+    total: dict[str, float] = {}
+    for launch in launches:
+        for name, value in launch["metrics"].items():
+            if is_additive(name) and isinstance(value, (int, float)):
+                total[name] = total.get(name, 0.0) + float(value)
+    return total
+
+
+# ---------------------------------------------------------------- torch.profiler: a quick table
+
+def torch_profile(calls: dict, *, repeat: int = 3, warmup: int = 1) -> list[dict]:
+    """Run each labelled call under ``torch.profiler`` and return one row per event.
+
+    ``calls`` maps a label to a function of no arguments. Each call runs ``warmup`` times
+    unprofiled (compilation), then ``repeat`` times inside ``record_function(label)``. Rows:
+    ``{"name", "kind" ("label", "kernel" or "op"), "calls", "cpu_ms", "self_cpu_ms", "device_ms",
+    "self_device_ms"}`` (totals over all calls), sorted by device time where a GPU ran, else by
+    self CPU time. Works on the CPU (no kernels appear there: the interpreter runs them as Python).
+    """
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    if not calls:
+        raise ValueError("calls is empty: give {label: function}")
+    if repeat < 1 or warmup < 0:
+        raise ValueError(f"need repeat >= 1 and warmup >= 0, got repeat={repeat}, warmup={warmup}")
+    gpu = torch.cuda.is_available()
+    for fn in calls.values():
+        for _ in range(warmup):
+            fn()
+    if gpu:
+        torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=activities) as prof:
+        for label, fn in calls.items():
+            with record_function(label):
+                for _ in range(repeat):
+                    fn()
+                if gpu:
+                    torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        if event.key in calls:
+            kind = "label"
+        elif event.device_type == DeviceType.CUDA:
+            kind = "kernel"
+        else:
+            kind = "op"
+        rows.append({
+            "name": event.key, "kind": kind, "calls": int(event.count),
+            "cpu_ms": event.cpu_time_total / 1e3, "self_cpu_ms": event.self_cpu_time_total / 1e3,
+            "device_ms": event.device_time_total / 1e3, "self_device_ms": event.self_device_time_total / 1e3,
+        })
+    key = "self_device_ms" if any(r["self_device_ms"] > 0 for r in rows) else "self_cpu_ms"
+    rows.sort(key=lambda r: (r["kind"] != "label", -r[key]))
+    return rows
+
+
+def format_profile_table(rows: list[dict], limit: int = 12) -> str:
+    """A plain-text table of :func:`torch_profile` rows (labels first, then the top ``limit`` events)."""
+    lines = [f"{'name':<44}{'kind':<8}{'calls':>6}{'CPU ms':>10}{'self CPU':>10}{'GPU ms':>10}"]
+    labels = [r for r in rows if r["kind"] == "label"]
+    others = [r for r in rows if r["kind"] != "label"][:limit]
+    for r in labels + others:
+        name = r["name"] if len(r["name"]) <= 42 else r["name"][:39] + "..."
+        lines.append(f"{name:<44}{r['kind']:<8}{r['calls']:>6}{r['cpu_ms']:>10.3f}{r['self_cpu_ms']:>10.3f}"
+                     f"{r['self_device_ms']:>10.3f}")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     _run_target(json.loads(sys.argv[1]))

@@ -28,7 +28,8 @@ from . import runtime
 from .recorded import DATA_DIR
 
 REGISTRY: dict[str, dict] = {}
-MEASUREMENT_MODULES = ["flashattn.measurements", "flashattn.measurements_hw"]
+MEASUREMENT_MODULES = ["flashattn.measurements", "flashattn.measurements_hw", "flashattn.measurements_traffic",
+                       "flashattn.measurements_tuning", "flashattn.measurements_fast"]
 
 
 def measurement(name: str, *, description: str):

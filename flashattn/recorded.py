@@ -7,9 +7,11 @@ carries its provenance (GPU, driver, CUDA, torch, Triton, date, command).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "figures" / "data"
+# FLASHATTN_DATA_DIR points elsewhere (e.g. a draft of new measurements); the default is the repository's.
+DATA_DIR = Path(os.environ.get("FLASHATTN_DATA_DIR") or Path(__file__).resolve().parent.parent / "figures" / "data")
 
 
 def files(data_dir: Path | None = None) -> list[Path]:

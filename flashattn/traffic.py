@@ -27,6 +27,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from .exercises._check import ExerciseFailed, call, exercise
+
 VARIANTS = ("naive", "v1", "v2", "v2_kt", "v2_kt_view", "v2_padded")
 STAT_BYTES = 4  # l and m (v1) and the scores S (naive) are float32 whatever the input dtype
 
@@ -499,3 +501,276 @@ def fit_source_problem(reported: dict | None = None, *, tolerance: float = 0.05,
         seed_estimate={"O": o_bytes, "blocks": blocks, "read": blocks * 2 * o_bytes, "write": blocks * o_bytes},
         v2_read_check=v2_read_check, reported_read_saving=1 - reported["v2_read"] / reported["v1_read"],
     )
+
+
+# --- the model against Nsight Compute's counters (notebook 08, measurement 'traffic_measured') ---------
+#
+# A profiler sees three different numbers for the same kernel:
+#   * L2 requests (lts__t_sectors_srcunit_tex_op_read/_write × 32 bytes): what the SMs asked of the
+#     memory system after the L1; this is what the model above counts;
+#   * DRAM bytes (dram__bytes_read/_write): what missed in L2 (reads) and what L2 evicted (writes);
+#   * the compulsory bytes: each tensor a kernel touches read (or written) exactly once, the DRAM
+#     traffic of a perfect cache.
+
+SECTOR_BYTES = 32
+HOST_SIDE_PARTS = ("K^T copy",)  # done by PyTorch before the kernel: a profile of the kernel does not see it
+
+
+def kernel_hbm_bytes(variant: str, **problem) -> dict[str, int]:
+    """:func:`hbm_bytes` of the Triton kernel(s) alone, without host-side copies (v2_kt's K^T copy)."""
+    parts = traffic_breakdown(variant, **problem)
+    kept = [part for name, part in parts.items() if name not in HOST_SIDE_PARTS]
+    return {"read": sum(p["read"] for p in kept), "write": sum(p["write"] for p in kept)}
+
+
+def naive_kernel_bytes(*, B, H, N, D, dtype_bytes, block_m, block_n, causal=False) -> dict[str, dict[str, int]]:
+    """The naive model split by kernel: ``{"scores_kernel": {"read", "write"}, "softmax_kernel", "pv_kernel"}``."""
+    parts = traffic_breakdown("naive", B=B, H=H, N=N, D=D, dtype_bytes=dtype_bytes, block_m=block_m,
+                              block_n=block_n, causal=causal)
+    return {
+        "scores_kernel": {"read": parts["Q"]["read"] + parts["K"]["read"], "write": parts["S"]["write"]},
+        "softmax_kernel": {"read": parts["S"]["read"], "write": parts["P"]["write"]},
+        "pv_kernel": {"read": parts["P"]["read"] + parts["V"]["read"], "write": parts["O"]["write"]},
+    }
+
+
+def compulsory_bytes(variant: str, *, B, H, N, D, dtype_bytes) -> dict[str, int]:
+    """DRAM bytes with a perfect cache inside each kernel: every tensor read or written exactly once.
+
+    v2 family: read Q, K, V, write O. v1: also reads its O, l and m (initialised by PyTorch before the
+    kernel) and writes them. naive (summed over its three kernels): read Q, K, V, S and P, write S, P
+    and O. Host-side copies (v2_kt's K^T) are not counted.
+    """
+    variant = _check_variant(variant)
+    p = _check_problem(dict(B=B, H=H, N=N, D=D, dtype_bytes=dtype_bytes, block_m=1, block_n=1), False)
+    bh = p["B"] * p["H"]
+    x = bh * p["N"] * p["D"] * p["dtype_bytes"]
+    stat = bh * p["N"] * STAT_BYTES
+    if variant == "naive":
+        s, pm = bh * p["N"] ** 2 * STAT_BYTES, bh * p["N"] ** 2 * p["dtype_bytes"]
+        return {"read": 3 * x + s + pm, "write": s + pm + x}
+    if variant == "v1":
+        return {"read": 4 * x + 2 * stat, "write": x + 2 * stat}
+    return {"read": 3 * x, "write": x}
+
+
+def _value(metrics: dict, name: str) -> float | None:
+    value = (metrics or {}).get(name)
+    if isinstance(value, dict):
+        value = value.get("value")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def measured_bytes(metrics: dict) -> dict[str, float | None]:
+    """Bytes from Nsight Compute metrics: ``{"dram_read", "dram_write", "l2_read", "l2_write", "l2_all"}``.
+
+    ``l2_read``/``l2_write`` are the SMs' requests to L2 (sectors × 32 bytes), ``l2_all`` is
+    ``lts__t_bytes.sum`` (every L2 lookup, any source). A metric that was not collected gives None.
+    """
+    def sectors(name):
+        v = _value(metrics, name)
+        return None if v is None else v * SECTOR_BYTES
+
+    return {
+        "dram_read": _value(metrics, "dram__bytes_read.sum"),
+        "dram_write": _value(metrics, "dram__bytes_write.sum"),
+        "l2_read": sectors("lts__t_sectors_srcunit_tex_op_read.sum"),
+        "l2_write": sectors("lts__t_sectors_srcunit_tex_op_write.sum"),
+        "l2_all": _value(metrics, "lts__t_bytes.sum"),
+    }
+
+
+def _ratio(a, b):
+    return None if a is None or b in (None, 0) else a / b
+
+
+def compare_with_model(row: dict) -> dict:
+    """One measured row (``traffic_measured``) against its model: bytes and ratios.
+
+    Returns ``{"variant", "size", "model", "compulsory", "measured", "l2_over_model" {read, write,
+    total}, "dram_over_model" {read, write}, "dram_over_compulsory" {read, write}}``; ratios are None
+    where a number is missing. ``model`` is the kernels' request count (:func:`kernel_hbm_bytes`).
+    """
+    model, comp, m = row["model_kernels"], row["compulsory"], row["measured"]
+    l2_total = None if m["l2_read"] is None or m["l2_write"] is None else m["l2_read"] + m["l2_write"]
+    return {
+        "variant": row["variant"], "size": row.get("size"), "model": model, "compulsory": comp, "measured": m,
+        "l2_over_model": {"read": _ratio(m["l2_read"], model["read"]), "write": _ratio(m["l2_write"], model["write"]),
+                          "total": _ratio(l2_total, model["read"] + model["write"])},
+        "dram_over_model": {"read": _ratio(m["dram_read"], model["read"]),
+                            "write": _ratio(m["dram_write"], model["write"])},
+        "dram_over_compulsory": {"read": _ratio(m["dram_read"], comp["read"]),
+                                 "write": _ratio(m["dram_write"], comp["write"])},
+    }
+
+
+def _fmt(n) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def _pct(r) -> str:
+    return "-" if r is None else f"{r * 100:.0f} %"
+
+
+def format_measured_table(rows: list[dict]) -> str:
+    """Model, L2 requests and DRAM bytes side by side, one line per measured row (error rows say so)."""
+    head = (f"{'size':<6}{'variant':<10}{'shape':<18}{'':<6}{'model':>11}{'L2 req.':>11}{'L2/model':>9}"
+            f"{'DRAM':>11}{'DRAM/model':>11}{'compulsory':>12}")
+    lines = [head]
+    for row in rows:
+        shape = f"{row['B']}×{row['H']}×{row['N']}×{row['D']}"
+        if "error" in row:
+            lines.append(f"{row.get('size', ''):<6}{row['variant']:<10}{shape:<18}error: {row['error'][:60]}")
+            continue
+        c = compare_with_model(row)
+        for op in ("read", "write"):
+            lines.append(
+                f"{row.get('size', '') if op == 'read' else '':<6}{row['variant'] if op == 'read' else '':<10}"
+                f"{shape if op == 'read' else '':<18}{op:<6}{_fmt(c['model'][op]):>11}"
+                f"{_fmt(c['measured']['l2_' + op]):>11}{_pct(c['l2_over_model'][op]):>9}"
+                f"{_fmt(c['measured']['dram_' + op]):>11}{_pct(c['dram_over_model'][op]):>11}"
+                f"{_fmt(c['compulsory'][op]):>12}")
+    return "\n".join(lines)
+
+
+def measured_summary(rows: list[dict], size: str = "large", tolerance: float = 0.15) -> dict:
+    """The two checks of notebook 08 on the rows of one size.
+
+    Returns ``{"l2_vs_model": {variant: total L2 requests ÷ model}, "within_tolerance": {variant: bool},
+    "v2_over_v1_dram_read": float | None, "text": str}``.
+    """
+    ok = [r for r in rows if r.get("size") == size and "error" not in r]
+    by = {r["variant"]: compare_with_model(r) for r in ok}
+    l2 = {v: c["l2_over_model"]["total"] for v, c in by.items()}
+    within = {v: r is not None and abs(r - 1) <= tolerance for v, r in l2.items()}
+    ratio = None
+    if "v1" in by and "v2" in by:
+        ratio = _ratio(by["v2"]["measured"]["dram_read"], by["v1"]["measured"]["dram_read"])
+    lines = [f"L2 requests ÷ model ({size}): " + ", ".join(
+        f"{v} {_pct(r)}" + ("" if within[v] else " (outside ±" + f"{tolerance:.0%})") for v, r in l2.items())]
+    if ratio is not None:
+        lines.append(f"v2's DRAM reads are {ratio:.1%} of v1's ({size}).")
+    return {"l2_vs_model": l2, "within_tolerance": within, "v2_over_v1_dram_read": ratio, "text": "\n".join(lines)}
+
+
+def plot_measured_traffic(rows: list[dict], size: str = "large", caption_text: str | None = None):
+    """Bars per variant (reads left, writes right): model request, L2 requests, DRAM, compulsory.
+
+    Log scale; error rows are left out. Returns a matplotlib Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    ok = [r for r in rows if r.get("size") == size and "error" not in r]
+    if not ok:
+        raise ValueError(f"no measured rows of size {size!r} without errors")
+    plots.use_style()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    series = (("model (request)", "model_kernels", None, "#c7c7c7"), ("L2 requests", "measured", "l2_", "#6baed6"),
+              ("DRAM", "measured", "dram_", "#08519c"), ("compulsory", "compulsory", None, "#fdae6b"))
+    width = 0.2
+    for ax, op in zip(axes, ("read", "write"), strict=True):
+        for i, row in enumerate(ok):
+            for j, (label, key, prefix, colour) in enumerate(series):
+                value = row[key][prefix + op] if prefix else row[key][op]
+                if value:
+                    ax.bar(i + (j - 1.5) * width, value, width, color=colour, edgecolor="black", linewidth=0.5,
+                           label=label if i == 0 else None)
+        ax.set_xticks(range(len(ok)), [f"{r['variant']}\nB={r['B']} H={r['H']}" for r in ok], fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(f"bytes {'read' if op == 'read' else 'written'} ({size} size, N={ok[0]['N']})")
+        ax.set_ylabel("bytes")
+    axes[0].legend(fontsize=8)
+    if caption_text:
+        plots.caption(axes[0], caption_text)
+    fig.tight_layout()
+    return fig
+
+
+def l2_served_fraction(dram_read: float, model_read: float, compulsory_read: float) -> float | None:
+    """Of the repeated reads (requests beyond the compulsory bytes), the fraction L2 served.
+
+    ``1 - (dram_read - compulsory_read) / (model_read - compulsory_read)``: 1 when DRAM saw only the
+    compulsory bytes, 0 when every request went to DRAM. None when the model has no repeated reads.
+    """
+    repeats = model_read - compulsory_read
+    if repeats <= 0:
+        return None
+    return 1.0 - (dram_read - compulsory_read) / repeats
+
+
+# --- exercises of notebook 08 --------------------------------------------------------------------------
+
+_L2_CASES = (  # (read sectors, write sectors, dram read, dram write, lts__t_bytes): all different
+    (1_000_003, 20_011, 12_345_678.0, 640_000.0, 70_000_000.0),
+    (37, 5, 0.0, 0.0, 4_096.0),
+    (268_435_456, 2_097_152, 7.3e9, 6.5e7, 1.9e10),
+)
+
+
+def _l2_models(rs, ws, dr, dw, lb):
+    right = (rs * 32, ws * 32)
+    return right, {
+        "you returned sectors: a sector is 32 bytes, multiply by 32": (rs, ws),
+        "you multiplied by 128: 128 bytes is a cache line, the sector counters count 32-byte sectors":
+            (rs * 128, ws * 128),
+        "you returned DRAM bytes: dram__bytes_* is what missed in L2, the question is what the SMs asked of L2":
+            (dr, dw),
+        "read and write are swapped": (ws * 32, rs * 32),
+        "lts__t_bytes.sum counts every L2 lookup from any unit: use the srcunit_tex sector counters":
+            (lb, lb),
+    }
+
+
+@exercise("L2 request bytes")
+def check_l2_request_bytes(fn):
+    """``fn(metrics)`` → ``{"read": bytes, "write": bytes}`` the SMs asked of L2, from ncu metrics."""
+    for rs, ws, dr, dw, lb in _L2_CASES:
+        metrics = {"lts__t_sectors_srcunit_tex_op_read.sum": float(rs),
+                   "lts__t_sectors_srcunit_tex_op_write.sum": float(ws),
+                   "dram__bytes_read.sum": dr, "dram__bytes_write.sum": dw, "lts__t_bytes.sum": lb}
+        got = call(fn, dict(metrics))
+        if not isinstance(got, dict) or set(got) != {"read", "write"}:
+            raise ExerciseFailed(f"return a dict with the keys 'read' and 'write', got {got!r}")
+        pair = (float(got["read"]), float(got["write"]))
+        right, mistakes = _l2_models(rs, ws, dr, dw, lb)
+        if pair != right:
+            for text, model in mistakes.items():
+                if pair == tuple(float(m) for m in model):
+                    raise ExerciseFailed(text)
+            raise ExerciseFailed(f"for {metrics} you returned {pair}, expected {right}")
+    return "L2 requests = sectors × 32 bytes (reads and writes separately)"
+
+
+_REUSE_CASES = (  # (dram_read, model_read, compulsory_read)
+    (241e6, 8.66e9, 201e6),
+    (14.3e9, 17.85e9, 272e6),
+    (1.6e6, 8.9e6, 1.57e6),
+)
+
+
+@exercise("L2 reuse")
+def check_l2_served_fraction(fn):
+    """``fn(dram_read, model_read, compulsory_read)`` → the fraction of repeated reads that L2 served."""
+    for dram, model, comp in _REUSE_CASES:
+        got = call(fn, dram, model, comp)
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise ExerciseFailed(f"return one number (a fraction between 0 and 1), got {got!r}")
+        right = l2_served_fraction(dram, model, comp)
+        mistakes = {
+            "you returned DRAM ÷ model: that is the fraction that *missed* (counting compulsory reads too); "
+            "the question asks what L2 served": dram / model,
+            "you returned 1 − DRAM ÷ model: the compulsory reads can never be served by L2 (first touch); "
+            "subtract them from both DRAM and the model": 1 - dram / model,
+            "you subtracted the compulsory bytes from DRAM only, not from the model's requests":
+                1 - (dram - comp) / model,
+            "you returned a percentage: give a fraction (0.93, not 93)": 100 * right,
+        }
+        if not math.isclose(got, right, rel_tol=1e-9):
+            for text, value in mistakes.items():
+                if math.isclose(got, value, rel_tol=1e-9):
+                    raise ExerciseFailed(text)
+            raise ExerciseFailed(f"for dram_read={dram:g}, model_read={model:g}, compulsory_read={comp:g} "
+                                 f"you returned {got:.6g}, expected {right:.6g}")
+    return "served = 1 − (DRAM − compulsory) ÷ (requests − compulsory)"

@@ -1,21 +1,45 @@
 """ipywidgets front ends: thin layers over plain, tested functions of the package.
 
-Each widget wires sliders and dropdowns to a pure function with ``ipywidgets.interactive_output``
-(``continuous_update=False``) and, for readers without a live kernel (a static render on GitHub),
-can also display the figure for its default settings as a plain output. A notebook follows every
-widget with a cell that calls the same pure function with ``*_defaults()`` and checks the result,
-because ``interactive_output`` swallows exceptions.
+Each widget wires sliders and dropdowns to a pure function (``continuous_update=False``) and
+displays the figure for its default settings as a plain output, which readers without a live
+kernel (a static render on GitHub, a headless run) also see. A notebook follows every widget with
+a cell that calls the same pure function with ``*_defaults()`` and checks the result, because a
+widget's callback swallows exceptions.
 
 Sections: one per widget, in course order. Importing this module needs no display.
 """
 
 from __future__ import annotations
 
-import functools
-
 import ipywidgets as widgets
 
 from . import runtime, traffic
+
+
+def live_output(show, controls: dict, *, draw_now: bool, **fixed) -> widgets.Output:
+    """An ``Output`` that calls ``show(**values, **fixed)`` again whenever a control changes.
+
+    Unlike ``ipywidgets.interactive_output`` it draws nothing into the ``Output`` at creation
+    unless ``draw_now``: the widgets here show their first figure as the cell's own output
+    instead. Headless runs (nbclient, which nbmake uses) answer every change of an ``Output``
+    widget's contents with a message back to the kernel, and that exchange can deadlock
+    (jupyter/nbclient#312; we saw it hang a notebook on a GPU machine). With nothing drawn
+    into the ``Output`` until a reader moves a control, there is no such exchange.
+    """
+    from IPython.display import clear_output
+
+    output = widgets.Output()
+
+    def redraw(_change=None):
+        with output:
+            clear_output(wait=True)
+            show(**{name: control.value for name, control in controls.items()}, **fixed)
+
+    for control in controls.values():
+        control.observe(redraw, names="value")
+    if draw_now:
+        redraw()
+    return output
 
 # --- HBM traffic model (notebooks 01, 03, 04) -------------------------------------------------
 
@@ -76,8 +100,7 @@ def traffic_widget(*, display_static: bool = True, **overrides) -> widgets.VBox:
     }
     if display_static:
         _show_traffic(**settings)
-    output = widgets.interactive_output(functools.partial(_show_traffic, B=settings["B"], H=settings["H"]),
-                                        controls)
+    output = live_output(_show_traffic, controls, draw_now=not display_static, B=settings["B"], H=settings["H"])
     ui = widgets.VBox([
         widgets.HBox([controls["n_max"], controls["dtype_bytes"], controls["causal"]]),
         widgets.HBox([controls["D"], controls["block_m"], controls["block_n"]]),
@@ -156,7 +179,8 @@ def _show_banks(**settings) -> None:
 def bank_widget(*, display_static: bool = True, **overrides) -> widgets.VBox:
     """Dropdowns (D, dtype, access width, layout, padding, swizzle) over :func:`bank_view`.
 
-    With ``display_static`` the default figure is also displayed as a plain output.
+    With ``display_static`` the default figure is displayed as a plain output, and the widget's own
+    output area fills when a control changes.
     """
     settings = {**bank_defaults(), **overrides}
     controls = {
@@ -171,7 +195,7 @@ def bank_widget(*, display_static: bool = True, **overrides) -> widgets.VBox:
         control.continuous_update = False
     if display_static:
         _show_banks(**settings)
-    output = widgets.interactive_output(_show_banks, controls)
+    output = live_output(_show_banks, controls, draw_now=not display_static)
     ui = widgets.VBox([
         widgets.HBox([controls["D"], controls["dtype"], controls["access_bytes"]]),
         widgets.HBox([controls["layout"], controls["padding"], controls["swizzle"]]),

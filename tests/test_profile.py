@@ -1,5 +1,10 @@
 """Parsing Nsight Compute CSV and SASS; the profile helpers degrade clearly without ncu."""
 
+import json
+import shlex
+import stat
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -89,3 +94,176 @@ def test_shared_layouts_from_ttgir():
         "#shared = #ttg.swizzled_shared<{vec = 4, perPhase = 1, maxPhase = 8, order = [1, 0]}>",
         "#shared1 = #ttg.nvmma_shared<{swizzlingByteWidth = 128, transposed = false}>",
     ]
+
+
+# ---------------------------------------------------------------- traffic metrics, commands, torch.profiler
+
+def test_kernel_names_and_regex():
+    assert profile.kernel_names("naive") == ("scores_kernel", "softmax_kernel", "pv_kernel")
+    assert profile.kernel_names("v2_kt") == ("attn_kernel_v2",)
+    assert profile.kernel_regex(["v2", "v1", "v2_padded"]) == "attn_kernel_v1|attn_kernel_v2"
+    assert profile.kernel_regex("naive") == "pv_kernel|scores_kernel|softmax_kernel"
+    with pytest.raises(ValueError, match="unknown variant 'v3'"):
+        profile.kernel_names("v3")
+
+
+def test_target_config_validates():
+    cfg = profile.target_config("v2", B=1, H=3, N=77, D=32, options={"block_m": 64})
+    assert cfg == {"variant": "v2", "dtype": "float16", "B": 1, "H": 3, "N": 77, "D": 32, "causal": False,
+                   "options": {"block_m": 64}}
+    json.dumps(cfg)  # JSON-able
+    with pytest.raises(ValueError, match="dtype"):
+        profile.target_config("v2", B=1, H=1, N=8, D=16, dtype="int8")
+    with pytest.raises(ValueError, match="unknown variant"):
+        profile.target_config("fast?", B=1, H=1, N=8, D=16)
+
+
+def test_ncu_shell_command_single_config_skips_the_warmup():
+    cfg = profile.target_config("naive", B=1, H=2, N=300, D=64)
+    line = profile.ncu_shell_command(cfg)
+    args = shlex.split(line)  # the line survives a shell round trip
+    assert args[:3] == ["ncu", "--clock-control", "none"]
+    assert args[args.index("--kernel-name") + 1] == "regex:pv_kernel|scores_kernel|softmax_kernel"
+    # three kernels per call: skip the three of the warm-up call, profile the next three
+    assert args[args.index("--launch-skip") + 1] == "3" and args[args.index("--launch-count") + 1] == "3"
+    assert args[args.index("--metrics") + 1] == ",".join(profile.TRAFFIC_METRICS)
+    assert "--csv" in args and args[-3:-1] == ["-m", "flashattn.profile"]
+    assert json.loads(args[-1]) == [cfg]
+
+
+def test_ncu_shell_command_variants():
+    a = profile.target_config("v2", B=1, H=2, N=128, D=64)
+    b = profile.target_config("v1", B=1, H=2, N=128, D=64)
+    args = shlex.split(profile.ncu_shell_command([a, b], ["x.sum"], full_set=True, report="rep", python="python3"))
+    assert "--launch-skip" not in args  # several configurations: every launch is profiled
+    assert args[args.index("--set") + 1] == "full" and "--metrics" not in args
+    assert args[args.index("-o") + 1] == "rep" and "--csv" not in args
+    assert "python3" in args and json.loads(args[-1]) == [a, b]
+    with pytest.raises(ValueError, match="separate commands"):
+        profile.ncu_shell_command([a, profile.target_config("naive", B=1, H=1, N=64, D=64)])
+    with pytest.raises(ValueError, match="empty"):
+        profile.ncu_shell_command([])
+
+
+def test_nsys_command():
+    cfg = profile.target_config("v2", B=2, H=4, N=512, D=64)
+    args = shlex.split(profile.nsys_command(cfg, report="tl"))
+    assert args[:2] == ["nsys", "profile"] and args[args.index("--output") + 1] == "tl"
+    assert json.loads(args[-1]) == [cfg]
+
+
+def test_is_additive_and_sum_launches():
+    assert profile.is_additive("dram__bytes_read.sum")
+    assert not profile.is_additive("sm__warps_active.avg.pct_of_peak_sustained_active")
+    assert not profile.is_additive("smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio")
+    launches = [
+        {"metrics": {"dram__bytes_read.sum": 10.0, "gpu__time_duration.sum": 3.0, "x.ratio": 2.0}},
+        {"metrics": {"dram__bytes_read.sum": 5.5, "gpu__time_duration.sum": 4.0, "x.ratio": 9.0,
+                     "lts__t_bytes.sum": "n/a"}},
+    ]
+    assert profile.sum_launches(launches) == {"dram__bytes_read.sum": 15.5, "gpu__time_duration.sum": 7.0}
+
+
+def test_ncu_status_without_ncu(monkeypatch):
+    monkeypatch.setattr(profile, "find_ncu", lambda: None)
+    assert "not installed" in profile.ncu_status()
+    assert profile.ncu_version() is None
+
+
+def test_every_collected_metric_has_a_meaning():
+    for name in profile.TRAFFIC_METRICS + profile.SHARED_METRICS + profile.WARP_METRICS:
+        assert name in profile.METRIC_MEANINGS, name
+    assert "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio" in profile.WARP_METRICS
+
+
+def _traffic_csv(kernels: list[str]) -> str:
+    names = ["dram__bytes_read.sum", "lts__t_sectors_srcunit_tex_op_read.sum",
+             "sm__warps_active.avg.pct_of_peak_sustained_active"]
+    head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+            '"Grid Size","Device","CC",' + ",".join(f'"{n}"' for n in names))
+    units = '"","","","","","","","","","","","byte","sector","%"'
+    lines = ["==PROF== Connected to process 1", head, units]
+    for i, kernel in enumerate(kernels):
+        lines.append(f'"{i}","1","python","h","{kernel}","1","7","(128, 1, 1)","(8, 2, 1)","0","9.0",'
+                     f'"{1000 * (i + 1):,}","{10 * (i + 1)}","{12.5 + i}"')
+    return "\n".join(lines) + "\n"
+
+
+def test_parse_traffic_metrics_and_units():
+    rows = profile.parse_ncu_csv(_traffic_csv(["attn_kernel_v2"]))
+    (row,) = rows
+    assert row["metrics"]["dram__bytes_read.sum"] == 1000.0
+    assert row["units"]["lts__t_sectors_srcunit_tex_op_read.sum"] == "sector"
+    assert row["units"]["sm__warps_active.avg.pct_of_peak_sustained_active"] == "%"
+
+
+def test_ncu_profile_with_a_fake_ncu_keeps_the_second_call(tmp_path, monkeypatch):
+    """ncu_profile end to end on a stand-in ncu that prints a CSV for two calls of naive (six kernels)."""
+    kernels = ["scores_kernel", "softmax_kernel", "pv_kernel"] * 2
+    fake = tmp_path / "ncu"
+    fake.write_text(f"#!{sys.executable}\n" + textwrap.dedent(f"""
+        import sys
+        assert sys.argv[1:3] == ["--clock-control", "none"]
+        print({_traffic_csv(kernels)!r})
+    """))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(profile, "find_ncu", lambda: str(fake))
+    cfg = profile.target_config("naive", B=1, H=1, N=64, D=16)
+    (launches,) = profile.ncu_profile([cfg], ["dram__bytes_read.sum"], kernel_regex=profile.kernel_regex("naive"))
+    assert [launch["kernel"] for launch in launches] == ["scores_kernel", "softmax_kernel", "pv_kernel"]
+    assert [launch["metrics"]["dram__bytes_read.sum"] for launch in launches] == [4000.0, 5000.0, 6000.0]
+    assert "sm__warps_active.avg.pct_of_peak_sustained_active" not in launches[0]["metrics"]  # not asked for
+
+
+def test_ncu_profile_refused_permission(tmp_path, monkeypatch):
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/bin/sh\necho '==ERROR== ERR_NVGPUCTRPERM - The user does not have permission' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(profile, "find_ncu", lambda: str(fake))
+    with pytest.raises(profile.NcuUnavailable, match="ERR_NVGPUCTRPERM"):
+        profile.ncu_profile([profile.target_config("v2", B=1, H=1, N=64, D=16)])
+
+
+def test_torch_profile_table_on_this_device():
+    import torch
+
+    import flashattn
+    from flashattn import runtime
+
+    q, k, v = runtime.random_qkv(1, 1, 40, 16)  # N not a multiple of the block
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    rows = profile.torch_profile({"matmul": lambda: a @ b,
+                                  "v2": lambda: flashattn.attention(q, k, v, variant="v2")}, repeat=2)
+    labels = [r for r in rows if r["kind"] == "label"]
+    assert [r["name"] for r in rows[:2]] == [r["name"] for r in labels] and {r["name"] for r in labels} == {
+        "matmul", "v2"}
+    assert all(r["calls"] == 1 and r["cpu_ms"] > 0 for r in labels)
+    mm = [r for r in rows if r["name"] == "aten::mm"]
+    assert mm and mm[0]["calls"] >= 2  # the matmul ran twice under the profiler (the warm-up did not count)
+    table = profile.format_profile_table(rows, limit=3)
+    assert table.splitlines()[0].startswith("name") and "matmul" in table and len(table.splitlines()) <= 6
+    with pytest.raises(ValueError, match="empty"):
+        profile.torch_profile({})
+    with pytest.raises(ValueError, match="repeat"):
+        profile.torch_profile({"x": lambda: None}, repeat=0)
+
+
+def test_captured_traffic_fixture_matches_the_model():
+    """A real ncu CSV with the traffic metrics (v2, float16, B=1 H=4 N=1024 D=64, captured on an H200 by
+    scratch/gpu_traffic_smoke.sh with FIXTURE=1): parsed, and its L2 requests agree with the model."""
+    path = FIXTURES / "ncu_traffic_v2_small.csv"
+    if not path.exists():
+        pytest.skip("tests/fixtures/ncu_traffic_v2_small.csv not captured yet")
+    from flashattn import measurements_traffic, traffic
+
+    rows = profile.parse_ncu_csv(path.read_text())
+    assert len(rows) == 2 and all("attn_kernel_v2" in r["kernel"] for r in rows)
+    metrics = profile.keep_metrics(rows[1]["metrics"], profile.TRAFFIC_METRICS)
+    for name in profile.TRAFFIC_METRICS:
+        assert isinstance(metrics[name], float), name
+    assert rows[1]["units"]["dram__bytes_read.sum"] == "byte"
+    cfg = profile.target_config("v2", B=1, H=4, N=1024, D=64,
+                                options=measurements_traffic.launch_options("v2", "float16", 64))
+    model = measurements_traffic.model_numbers(cfg)["model_kernels"]
+    measured = traffic.measured_bytes(metrics)
+    assert abs(measured["l2_read"] / model["read"] - 1) < 0.15 and abs(measured["l2_write"] / model["write"] - 1) < 0.15

@@ -84,7 +84,7 @@ def test_traffic_widget_builds_and_reacts(monkeypatch, capsys):
     assert set(controls) == {"N max", "dtype", "causal", "D", "block_m", "block_n"}
     assert controls["N max"].continuous_update is False
     assert isinstance(box.children[1], ipywidgets.Output)
-    assert len(calls) == 2 and calls[0] == widgets.traffic_defaults()  # static figure + first render
+    assert calls == [widgets.traffic_defaults()]  # the static figure only: the Output fills on a change
     controls["block_m"].value = 128
     controls["causal"].value = True
     assert calls[-1]["block_m"] == 128 and calls[-1]["causal"] is True
@@ -99,3 +99,14 @@ def test_traffic_widget_renders_for_real(capsys):
     assert plt.get_fignums() == []  # figures are closed after display
     with pytest.raises(ValueError, match="n_max"):
         widgets.traffic_widget(display_static=False, n_max=1000)
+
+
+def test_live_output_draws_on_change_only_unless_asked():
+    calls = []
+    slider = ipywidgets.IntSlider(value=1)
+    out = widgets.live_output(lambda **kw: calls.append(kw), {"x": slider}, draw_now=False, y=7)
+    assert isinstance(out, ipywidgets.Output) and calls == []
+    slider.value = 3
+    assert calls == [{"x": 3, "y": 7}]
+    widgets.live_output(lambda **kw: calls.append(kw), {"x": slider}, draw_now=True)
+    assert calls[-1] == {"x": 3}

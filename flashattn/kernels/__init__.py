@@ -1,6 +1,7 @@
 """Every attention variant of the course, by name. Each takes (q, k, v, *, causal, scale, **options)."""
 
-from . import naive, v1, v2
+from . import fast, naive, v1, v2
+from .fast import attention_fast
 from .naive import naive_attention
 from .v1 import attention_v1
 from .v2 import attention_v2, attention_v2_kt, attention_v2_kt_view, attention_v2_padded
@@ -12,6 +13,7 @@ VARIANTS = {
     "v2_kt": attention_v2_kt,
     "v2_kt_view": attention_v2_kt_view,
     "v2_padded": attention_v2_padded,
+    "fast": attention_fast,
 }
 
 _DEFAULTS = {
@@ -21,6 +23,7 @@ _DEFAULTS = {
     "v2_kt": v2.default_options,
     "v2_kt_view": v2.default_options,
     "v2_padded": v2.padded_default_options,
+    "fast": fast.default_options,
 }
 
 

@@ -1,0 +1,338 @@
+"""The fast kernel: v2, plus what Hopper and Triton offer, one switch per idea.
+
+Same loop as ``v2`` (one program per (Q block, batch·head), ``acc``/``mi``/``li`` in registers,
+deferred normalization), with these changes, each a constexpr switch so that notebook 09 can
+measure them one at a time:
+
+* ``exp2`` with ``log2(e)`` folded into the scale, applied with one multiply-add per score
+  (``sij * qk_scale - mi_new``); the running max is kept in the same scaled base-2 units.
+* The key loop split into stages: blocks that need no mask run without one; only the causal
+  diagonal and the ragged tail (N not a multiple of BLOCK_N) pay for ``tl.where``. Causal programs
+  start with the longest rows (heaviest Q blocks first) so that the last wave is short.
+* ``tl.dot(pij, vj, acc)``: the tensor cores accumulate in place.
+* ``USE_TMA``: K and V tiles arrive through tensor descriptors (Hopper's TMA engine copies a whole
+  tile into shared memory, with its swizzle, without the threads computing addresses).
+* ``FAST_EXP``: ``exp2`` computed on packed 16-bit pairs (``ex2.approx.f16x2`` / ``.bf16x2``): the
+  special-function unit does two per instruction. P is rounded to 16 bits for the second product
+  anyway, so only the exponent's argument loses precision (about 2^-11 relative for fp16).
+* ``WARP_SPECIALIZE``: Triton splits the loop between producer warps (loads) and consumer warps.
+
+It also returns the log-sum-exp of every row (natural log), which a backward pass needs.
+
+The interpreter (CPU) runs the same kernel with plain pointer loads and ``tl.exp2``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..validate import check_kernel_inputs, resolve_options
+
+LOG2_E = 1.4426950408889634
+LN_2 = 0.6931471805599453
+
+
+@triton.jit
+def _load_rows(X, row0, start, N, stride_n, stride_d,
+               BLOCK: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows ``start .. start + BLOCK`` of one head's (N, D) matrix.
+
+    With TMA, ``X`` is a descriptor over all heads as one (B·H·N, D) matrix and ``row0`` the head's
+    first row: rows past N belong to the next head (or read as zeros at the very end); the caller
+    masks them. Without TMA, ``X`` points at the head's first element and rows past N read as zeros.
+    """
+    if USE_TMA:
+        return X.load([row0 + start, 0])
+    else:
+        offs = start + tl.arange(0, BLOCK)
+        ptrs = X + offs[:, None] * stride_n + tl.arange(0, D)[None, :] * stride_d
+        return tl.load(ptrs, mask=offs[:, None] < N, other=0.0)
+
+
+@triton.jit
+def _exp2(x, DTYPE: tl.constexpr, FAST_EXP: tl.constexpr):
+    """2**x, as float32 (``tl.exp2``) or, with FAST_EXP, as DTYPE computed two at a time."""
+    if FAST_EXP:
+        if DTYPE == tl.float16:
+            return tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)],
+                                             dtype=tl.float16, is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise("ex2.approx.ftz.bf16x2 $0, $1;", "=r,r", [x.to(tl.bfloat16)],
+                                             dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def _update(acc, li, mi, sij, V, kv_row0, start_n, offs_m, N, stride_vn, stride_vd, qk_scale,
+            BLOCK_N: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+            USE_TMA: tl.constexpr, FAST_EXP: tl.constexpr, PRECISION: tl.constexpr):
+    """One key block's online-softmax step, given its raw scores ``sij = qi · kjᵀ``."""
+    if MASK:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        keep = offs_n[None, :] < N
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        sij = tl.where(keep, sij * qk_scale, float("-inf"))
+        mi_new = tl.maximum(mi, tl.max(sij, 1))
+        sij = sij - mi_new[:, None]
+    else:
+        mi_new = tl.maximum(mi, tl.max(sij, 1) * qk_scale)
+        sij = sij * qk_scale - mi_new[:, None]  # one multiply-add per score
+    vj = _load_rows(V, kv_row0, start_n, N, stride_vn, stride_vd, BLOCK_N, D, USE_TMA)
+    pij = _exp2(sij, vj.dtype, FAST_EXP)
+    alpha = tl.exp2(mi - mi_new)
+    li = li * alpha + tl.sum(pij.to(tl.float32), 1)
+    acc = tl.dot(pij.to(vj.dtype), vj, acc * alpha[:, None], input_precision=PRECISION)
+    return acc, li, mi_new
+
+
+@triton.jit
+def _attend(acc, li, mi, qi, K, V, kv_row0, lo, hi, offs_m, N,
+            stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
+            BLOCK_N: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+            USE_TMA: tl.constexpr, FAST_EXP: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+            PRECISION: tl.constexpr, PREFETCH_SCORES: tl.constexpr):
+    """The v2 inner loop over key blocks ``lo .. hi``; ``MASK`` for the diagonal and the tail only.
+
+    With PREFETCH_SCORES the next block's ``qi · kjᵀ`` is issued before this block's softmax, so
+    the tensor cores can work on it while the other units exponentiate (FlashAttention-3's overlap).
+    """
+    if PREFETCH_SCORES:
+        if lo < hi:
+            kj = _load_rows(K, kv_row0, lo, N, stride_kn, stride_kd, BLOCK_N, D, USE_TMA)
+            sij = tl.dot(qi, tl.trans(kj), input_precision=PRECISION)
+            for start_n in tl.range(lo, hi - BLOCK_N, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+                start_n = tl.multiple_of(start_n, BLOCK_N)
+                k_next = _load_rows(K, kv_row0, start_n + BLOCK_N, N, stride_kn, stride_kd, BLOCK_N, D, USE_TMA)
+                s_next = tl.dot(qi, tl.trans(k_next), input_precision=PRECISION)
+                acc, li, mi = _update(acc, li, mi, sij, V, kv_row0, start_n, offs_m, N, stride_vn, stride_vd,
+                                      qk_scale, BLOCK_N, D, MASK, CAUSAL, USE_TMA, FAST_EXP, PRECISION)
+                sij = s_next
+            last = lo + ((hi - lo - 1) // BLOCK_N) * BLOCK_N
+            acc, li, mi = _update(acc, li, mi, sij, V, kv_row0, last, offs_m, N, stride_vn, stride_vd,
+                                  qk_scale, BLOCK_N, D, MASK, CAUSAL, USE_TMA, FAST_EXP, PRECISION)
+    else:
+        for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            kj = _load_rows(K, kv_row0, start_n, N, stride_kn, stride_kd, BLOCK_N, D, USE_TMA)
+            sij = tl.dot(qi, tl.trans(kj), input_precision=PRECISION)
+            acc, li, mi = _update(acc, li, mi, sij, V, kv_row0, start_n, offs_m, N, stride_vn, stride_vd,
+                                  qk_scale, BLOCK_N, D, MASK, CAUSAL, USE_TMA, FAST_EXP, PRECISION)
+    return acc, li, mi
+
+
+@triton.jit
+def attn_kernel_fast(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, N, qk_scale,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    USE_TMA: tl.constexpr, FAST_EXP: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    PRECISION: tl.constexpr, PREFETCH_SCORES: tl.constexpr,
+):
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    if CAUSAL:  # the heaviest Q blocks (the last rows) first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    off_b, off_h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    row0 = pid_bh * N  # the head's first row, with TMA (inputs viewed as (B·H·N, D); int32 coordinates)
+
+    if USE_TMA:
+        qi = Q.load([row0 + pid_m * BLOCK_M, 0])
+        k_head, v_head = K, V
+    else:
+        qi = _load_rows(Q + off_b * stride_qb + off_h * stride_qh, 0, pid_m * BLOCK_M, N,
+                        stride_qn, stride_qd, BLOCK_M, D, False)
+        k_head = K + off_b * stride_kb + off_h * stride_kh
+        v_head = V + off_b * stride_vb + off_h * stride_vh
+
+    mi = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scaled, base-2 scores
+    li = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+
+    if CAUSAL:
+        # stage 1: key blocks left of the diagonal: every key is visible to every row, no mask
+        acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, row0, 0, pid_m * BLOCK_M, offs_m, N,
+                              stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
+                              BLOCK_N, D, False, True, USE_TMA, FAST_EXP, WARP_SPECIALIZE, PRECISION,
+                              PREFETCH_SCORES)
+        # stage 2: the diagonal blocks, masked
+        acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, row0, pid_m * BLOCK_M,
+                              tl.minimum((pid_m + 1) * BLOCK_M, N), offs_m, N,
+                              stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
+                              BLOCK_N, D, True, True, USE_TMA, FAST_EXP, WARP_SPECIALIZE, PRECISION,
+                              PREFETCH_SCORES)
+    else:
+        n_full = (N // BLOCK_N) * BLOCK_N
+        acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, row0, 0, n_full, offs_m, N,
+                              stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
+                              BLOCK_N, D, False, False, USE_TMA, FAST_EXP, WARP_SPECIALIZE, PRECISION,
+                              PREFETCH_SCORES)
+        # the ragged tail (empty when BLOCK_N divides N): keys past N masked
+        acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, row0, n_full, N, offs_m, N,
+                              stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
+                              BLOCK_N, D, True, False, USE_TMA, FAST_EXP, WARP_SPECIALIZE, PRECISION,
+                              PREFETCH_SCORES)
+
+    acc = acc / li[:, None]
+    row_ok = offs_m < N
+    o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+    # log-sum-exp in natural units: mi and log2(li) are in base 2
+    tl.store(LSE + pid_bh.to(tl.int64) * N + offs_m, (mi + tl.log2(li)) * 0.6931471805599453, mask=row_ok)
+
+
+# --- launch options and autotuning -------------------------------------------------------------
+
+HEAD_DIMS = (16, 32, 64, 128, 256)
+TILE_OPTIONS = ("block_m", "block_n", "num_warps", "num_stages")
+
+# The pruned search space of triton.autotune, per head dimension: (BLOCK_M, BLOCK_N, warps, stages).
+# BLOCK_M = 128 keeps two warpgroups' worth of rows against every K/V tile; deeper pipelines (more
+# stages) hide the loads; D = 256 needs smaller tiles to fit registers and shared memory.
+TUNING_SPACE = {
+    16: [(128, 64, 4, 3), (128, 128, 4, 3), (64, 64, 4, 3)],
+    32: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
+    64: [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3)],
+    128: [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3)],
+    256: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2)],
+}
+FLOAT32_SPACE = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2)]
+
+
+def tuning_configs(D: int, dtype: torch.dtype) -> list[dict]:
+    """The configurations autotuning tries for head dimension ``D`` (as option dicts)."""
+    space = FLOAT32_SPACE if dtype == torch.float32 else TUNING_SPACE[D]
+    if dtype == torch.float32 and D == 256:
+        space = [c for c in space if c[0] == 64]
+    return [dict(zip(TILE_OPTIONS, c, strict=True)) for c in space]
+
+
+def _set_block_shapes(nargs):
+    """Autotuning pre-hook: the TMA descriptors' tile shapes follow the configuration being tried."""
+    for name, rows in (("Q", nargs["BLOCK_M"]), ("K", nargs["BLOCK_N"]), ("V", nargs["BLOCK_N"])):
+        if hasattr(nargs[name], "block_shape"):  # a TMA descriptor: (rows, D) tiles
+            nargs[name].block_shape = [rows, nargs[name].block_shape[1]]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop configurations that cannot run: BLOCK_N > BLOCK_M when causal (the diagonal stage)."""
+    kept = [c for c in configs if not (kwargs["CAUSAL"] and c.kwargs["BLOCK_N"] > c.kwargs["BLOCK_M"])]
+    return kept or configs[:1]
+
+
+_tuned_kernels: dict = {}
+_picked: dict = {}  # (D, dtype, N, H, causal, use_tma) -> tiles autotuning chose
+
+
+def _tuned_kernel(D: int, dtype: torch.dtype):
+    """``attn_kernel_fast`` under ``triton.autotune`` over :func:`tuning_configs` (one per D and dtype)."""
+    key = (D, dtype)
+    if key not in _tuned_kernels:
+        configs = [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"]}, num_warps=c["num_warps"],
+                                 num_stages=c["num_stages"], pre_hook=_set_block_shapes)
+                   for c in tuning_configs(D, dtype)]
+        _tuned_kernels[key] = triton.autotune(configs, key=["N", "H", "CAUSAL", "USE_TMA"],
+                                              prune_configs_by={"early_config_prune": _prune})(attn_kernel_fast)
+    return _tuned_kernels[key]
+
+
+def tuned_config(D: int, dtype: torch.dtype, N: int, H: int, causal: bool, use_tma: bool = True) -> dict | None:
+    """The configuration autotuning picked for this problem in this process, or None if not tuned yet."""
+    tuner = _tuned_kernels.get((D, dtype))
+    if tuner is None:
+        return None
+    for key, config in tuner.cache.items():
+        if tuple(key[:4]) == (N, H, causal, use_tma):
+            return {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"],
+                    "num_warps": config.num_warps, "num_stages": config.num_stages}
+    return None
+
+
+JIT_KERNELS = (attn_kernel_fast,)
+
+
+def default_options(dtype: torch.dtype, D: int, mode: str | None = None, causal: bool = False) -> dict:
+    """Launch options of ``fast``. On a GPU: autotuned tiles, TMA where the GPU has it (Hopper).
+
+    ``fast_exp``, ``prefetch_scores`` and ``warp_specialize`` are off: each was measured on an H200
+    and did not pay (notebook 09 shows the numbers).
+    """
+    if (mode or runtime.MODE) == "interpreter":
+        return dict(block_m=64, block_n=64, num_warps=4, num_stages=1, input_precision="ieee", autotune=False,
+                    use_tma=False, fast_exp=False, warp_specialize=False, prefetch_scores=False)
+    hopper = runtime.HAS_GPU and torch.cuda.get_device_capability()[0] >= 9
+    tiles = tuning_configs(D if D in TUNING_SPACE else 64, dtype)[0]
+    return dict(tiles, input_precision="ieee", autotune=True, use_tma=hopper, fast_exp=False,
+                warp_specialize=False, prefetch_scores=False)
+
+
+def _descriptor(x: torch.Tensor, block_rows: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    B, H, N, D = x.shape
+    return TensorDescriptor.from_tensor(x.view(B * H * N, D), [block_rows, D])
+
+
+def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **options):
+    """Forward attention, the course's fastest. ``return_lse=True`` also returns the (B, H, N)
+    float32 log-sum-exp of the scaled scores (natural log).
+
+    Options: ``autotune`` (GPU default: triton.autotune over :data:`TUNING_SPACE`; giving any tile
+    option turns it off), block_m, block_n, num_warps, num_stages, input_precision (float32 only:
+    "ieee" by default as for every variant, or "tf32" for the tensor cores), use_tma, fast_exp
+    (16-bit only), prefetch_scores, warp_specialize.
+    """
+    B, H, N, D, scale = check_kernel_inputs(q, k, v, variant="fast", causal=causal, scale=scale,
+                                            head_dims=HEAD_DIMS)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"fast: return_lse must be True or False, got {return_lse!r}")
+    opts = resolve_options("fast", options, default_options(q.dtype, D, causal=causal), q.dtype)
+    # explicit tiles switch autotuning off (unless it is asked for explicitly)
+    autotune = options.get("autotune", opts["autotune"] and not any(t in options for t in TILE_OPTIONS))
+    if autotune and runtime.MODE != "gpu":
+        raise ValueError("fast: autotune needs a GPU (triton.autotune times the candidates)")
+    if opts["fast_exp"] and q.dtype == torch.float32:
+        raise ValueError("fast: fast_exp computes exp2 on 16-bit pairs; it applies to float16/bfloat16 only")
+    if (opts["use_tma"] or opts["fast_exp"] or opts["warp_specialize"]) and runtime.MODE != "gpu":
+        raise ValueError("fast: use_tma, fast_exp and warp_specialize need a GPU (the interpreter has no TMA "
+                         "and no inline PTX)")
+    if not autotune and opts["block_n"] > opts["block_m"] and causal:
+        raise ValueError(f"fast: causal needs block_n <= block_m, got {opts['block_n']} > {opts['block_m']}")
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+    if opts["use_tma"] and B * H * N >= 2**31:
+        raise ValueError(f"fast: use_tma addresses rows with 32-bit coordinates; B·H·N = {B * H * N} is too large")
+    # Once autotuning has picked tiles for a problem, later calls launch the kernel with them directly:
+    # the autotuner's own bookkeeping costs tens of microseconds per call, as much as a short kernel.
+    pick_key = (D, q.dtype, N, H, causal, opts["use_tma"])
+    tiles = _picked.get(pick_key) if autotune else {t: opts[t] for t in TILE_OPTIONS}
+    block_m, block_n = (tiles["block_m"], tiles["block_n"]) if tiles else (opts["block_m"], opts["block_n"])
+    if opts["use_tma"]:  # the descriptors view each input as one (B·H·N, D) matrix
+        # TMA wants 16-byte aligned rows and base addresses: copy inputs that are not
+        q, k, v = (x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
+                   for x in (q, k, v))
+        q_arg, k_arg, v_arg = _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n)
+    else:
+        q_arg, k_arg, v_arg = q, k, v
+    constexprs = dict(D=D, CAUSAL=causal, USE_TMA=opts["use_tma"], FAST_EXP=opts["fast_exp"],
+                      WARP_SPECIALIZE=opts["warp_specialize"], PREFETCH_SCORES=opts["prefetch_scores"],
+                      PRECISION=opts["input_precision"] if q.dtype == torch.float32 else "tf32")
+    args = (q_arg, k_arg, v_arg, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), H, N, scale * LOG2_E)
+    if tiles is None:  # first call for this problem: autotune (the pre-hook sets the descriptors' tiles)
+        kernel = _tuned_kernel(D, q.dtype)
+        kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)](*args, **constexprs)
+        _picked[pick_key] = tuned_config(D, q.dtype, N, H, causal, opts["use_tma"])
+    else:
+        grid = (triton.cdiv(N, block_m), B * H)
+        attn_kernel_fast[grid](*args, BLOCK_M=block_m, BLOCK_N=block_n, **constexprs,
+                               num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
+    return (o, lse) if return_lse else o

@@ -1,0 +1,90 @@
+"""The fast kernel against PyTorch's SDPA, and its ablation (notebook 09)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import bench, runtime
+from .kernels import VARIANTS, default_options
+from .kernels.fast import tuned_config
+from .record import measurement
+from .reference import reference
+
+ABLATION = dict(dtype="float16", B=4, H=16, N=4096, head_dims=(64, 128))
+
+
+def _sdpa_backend_kernels(q, k, v) -> list[str]:
+    """Names of the CUDA kernels SDPA launches here (which backend PyTorch picked)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        bench.sdpa(q, k, v)
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA" and "emset" not in e.name})
+
+
+@measurement("fast_vs_sdpa", description="fast, v2 and SDPA side by side: fp16/bf16, D 64/128, N 1k-16k (B·N fixed)")
+def fast_vs_sdpa() -> dict:
+    rows = bench.compare(progress=lambda line: print("  " + line, flush=True))
+    for row in rows:
+        row["fast_config"] = tuned_config(row["D"], getattr(torch, row["dtype"]), row["N"], row["H"], row["causal"])
+    q, k, v = runtime.random_qkv(4, 16, 4096, 128, dtype=torch.float16)
+    return {"rows": rows, "variants": list(bench.BENCH_VARIANTS), "tokens": bench.BENCH_TOKENS,
+            "sdpa_kernels": _sdpa_backend_kernels(q, k, v),
+            "flop_convention": "4·B·H·N²·D, half for causal; TFLOP/s from the median of do_bench",
+            "notes": "one run, kernels timed one after another on the same inputs; rel_error on the first "
+                     "two heads of the first batch against the float64 reference"}
+
+
+def _ablation_steps(D: int, causal: bool, final: dict) -> list[tuple[str, str, dict, bool]]:
+    """(label, variant, options, kept) from v2 to fast, one change at a time; then what was tried."""
+    dtype = getattr(torch, ABLATION["dtype"])
+    v2_tiles = {k: default_options("v2", dtype, D, "gpu")[k] for k in ("block_m", "block_n", "num_warps", "num_stages")}
+    plain = dict(v2_tiles, use_tma=False, fast_exp=False, prefetch_scores=False, warp_specialize=False)
+    return [
+        ("v2 (notebook 04)", "v2", {}, True),
+        ("+ exp2, log2(e) folded into the scale", "v2", {"use_exp2": True}, True),
+        ("fast kernel, pointer loads, v2's tiles", "fast", plain, True),
+        ("+ TMA tensor descriptors", "fast", dict(plain, use_tma=True), True),
+        ("+ autotuned tiles (= fast)", "fast", {}, True),
+        ("tried: + packed 16-bit exp2", "fast", dict(final, fast_exp=True), False),
+        ("tried: + next scores issued before the softmax", "fast", dict(final, prefetch_scores=True), False),
+        ("tried: + warp specialization", "fast", dict(final, warp_specialize=True), False),
+    ]
+
+
+@measurement("fast_ablation", description="from v2 to fast one optimization at a time (fp16, B4 H16 N4096, D 64/128)")
+def fast_ablation() -> dict:
+    B, H, N, dtype = ABLATION["B"], ABLATION["H"], ABLATION["N"], getattr(torch, ABLATION["dtype"])
+    rows = []
+    for D in ABLATION["head_dims"]:
+        q, k, v = runtime.random_qkv(B, H, N, D, dtype=dtype, seed_value=D)
+        sl = (slice(0, 1), slice(0, 2))
+        for causal in (False, True):
+            flops = bench.attention_flops(B, H, N, D, causal)
+            sdpa_ms = bench.time_ms(functools.partial(bench.sdpa, q, k, v, causal=causal))
+            VARIANTS["fast"](q, k, v, causal=causal)  # autotune first: the tried options build on its pick
+            final = tuned_config(D, dtype, N, H, causal)
+            ref = reference(q[sl], k[sl], v[sl], causal=causal)
+            for label, variant, options, kept in _ablation_steps(D, causal, final):
+                row = {"D": D, "causal": causal, "step": label, "variant": variant, "options": options,
+                       "kept": kept, "sdpa_ms": sdpa_ms}
+                fn = functools.partial(VARIANTS[variant], q, k, v, causal=causal, **options)
+                try:
+                    fn()
+                    out = VARIANTS[variant](q[sl], k[sl], v[sl], causal=causal, **options)
+                    row["rel_error"] = ((out.double() - ref).norm() / ref.norm()).item()
+                    row["ms"] = bench.time_ms(fn)
+                    row["tflops"] = flops / row["ms"] / 1e9
+                    row["vs_sdpa"] = sdpa_ms / row["ms"]
+                    print(f"  D={D} causal={causal} {label}: {row['tflops']:.0f} TFLOP/s ({row['vs_sdpa']:.2f}× SDPA)",
+                          flush=True)
+                except Exception as err:  # a step that does not compile is a result too
+                    row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+                    print(f"  D={D} causal={causal} {label}: {row['error'][:100]}", flush=True)
+                rows.append(row)
+    return {**{k: v for k, v in ABLATION.items() if k != "head_dims"}, "rows": rows,
+            "flop_convention": "4·B·H·N²·D, half for causal",
+            "notes": "each step timed in one run next to SDPA on the same inputs (median of do_bench)"}

@@ -1,0 +1,395 @@
+"""Block sizes, warps and stages: sweep spaces, a shared-memory estimate, the FA1 rule of thumb, autotuning.
+
+Pure helpers (tested on the CPU) and the GPU pieces the measurements of notebooks 06 and 07 use:
+
+* ``sweep_configs(space)``: every combination of ``block_m``, ``block_n``, ``num_warps``, ``num_stages``;
+* ``estimate_shared_bytes(...)``: the shared memory a v2 program needs (Q once, K and V per stage);
+* ``fa1_block_sizes(sram_bytes, D, elem_bytes)``: the FlashAttention-1 paper's rule, Bc = ⌈M / 4d⌉,
+  Br = min(Bc, d), and the power-of-two tiles Triton can use;
+* ``heatmap_table(rows)`` / ``plot_sweep_heatmap(...)``: a sweep as a TFLOP/s grid, failures marked;
+* ``autotuned_v2(configs)`` / ``run_autotuned_v2(...)``: ``triton.autotune`` over ``attn_kernel_v2``,
+  launched with v2's argument convention;
+* ``instruction_summary(sass_counts)``: exponentials, reciprocals, matrix and FMA instructions of a kernel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from .exercises._check import ExerciseFailed, call, exercise
+
+# --- the problems and the spaces swept ---------------------------------------------------------
+
+# The two paths of the course (the same problems as 'compiled_layouts' in measurements_hw).
+PATHS = {
+    "fp16_tc": {"dtype": "float16", "Ds": (64, 128), "B": 4, "H": 16, "N": 4096, "options": {}},
+    "fp32_ieee": {"dtype": "float32", "Ds": (32, 64), "B": 4, "H": 16, "N": 2048,
+                  "options": {"input_precision": "ieee"}},
+}
+
+# What the block sweep tries on each path. The float32 (CUDA-core) space is smaller: its kernels are slow
+# and register-hungry, and large tiles only spill.
+SWEEP_SPACES = {
+    "fp16_tc": {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)},
+    "fp32_ieee": {"block_m": (32, 64), "block_n": (32, 64), "num_warps": (4, 8), "num_stages": (1, 2)},
+}
+
+# The space triton.autotune searches in notebook 07 (before pruning): the one Triton's fused-attention
+# tutorial uses, less the 5 and 6 stages.
+AUTOTUNE_SPACE = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
+
+CONFIG_KEYS = ("block_m", "block_n", "num_warps", "num_stages")
+
+
+def sweep_configs(space: dict) -> list[dict]:
+    """Every combination of the values in ``space`` (keys ``block_m``, ``block_n``, ``num_warps``, ``num_stages``)."""
+    missing = [k for k in CONFIG_KEYS if k not in space]
+    if missing:
+        raise ValueError(f"space lacks {', '.join(missing)}; it needs {', '.join(CONFIG_KEYS)}")
+    combos = itertools.product(*(space[k] for k in CONFIG_KEYS))
+    return [dict(zip(CONFIG_KEYS, values, strict=True)) for values in combos]
+
+
+def config_label(cfg: dict) -> str:
+    return f"{cfg['block_m']}×{cfg['block_n']}, {cfg['num_warps']} warps, {cfg['num_stages']} stages"
+
+
+# --- shared memory and the rule of thumb -------------------------------------------------------
+
+def estimate_shared_bytes(*, block_m: int, block_n: int, d_pad: int, elem_bytes: int, num_stages: int) -> int:
+    """Shared memory of one v2 program: the Q tile once, a K and a V tile for each pipeline stage.
+
+    It matches the tensor-core kernels Triton compiles exactly (e.g. fp16, 128×64, D = 64, 3 stages:
+    3·(8 + 8) KiB + 16 KiB = 64 KiB). On the float32 CUDA-core path the compiler reuses buffers and adds
+    small scratch areas, so there it is an estimate within a few KiB.
+    """
+    stages = max(1, num_stages)
+    return (stages * 2 * block_n + block_m) * d_pad * elem_bytes
+
+
+def fits_shared(cfg: dict, *, d_pad: int, elem_bytes: int, shared_limit: int) -> bool:
+    return estimate_shared_bytes(block_m=cfg["block_m"], block_n=cfg["block_n"], d_pad=d_pad,
+                                 elem_bytes=elem_bytes, num_stages=cfg["num_stages"]) <= shared_limit
+
+
+def prune_configs(configs: list, *, d_pad: int, elem_bytes: int, shared_limit: int) -> list:
+    """The configurations (dicts or ``triton.Config``) whose estimated shared memory fits ``shared_limit``.
+
+    Keeps at least one (the smallest), as ``triton.autotune`` requires.
+    """
+    def as_dict(c):
+        if isinstance(c, dict):
+            return c
+        kw = c.kwargs
+        return {"block_m": kw["BLOCK_M"], "block_n": kw["BLOCK_N"], "num_warps": c.num_warps,
+                "num_stages": c.num_stages}
+
+    kept = [c for c in configs if fits_shared(as_dict(c), d_pad=d_pad, elem_bytes=elem_bytes,
+                                              shared_limit=shared_limit)]
+    if not kept and configs:
+        kept = [min(configs, key=lambda c: estimate_shared_bytes(
+            block_m=as_dict(c)["block_m"], block_n=as_dict(c)["block_n"], d_pad=d_pad, elem_bytes=elem_bytes,
+            num_stages=as_dict(c)["num_stages"]))]
+    return kept
+
+
+def register_estimate(*, block_m: int, block_n: int, d_pad: int, num_warps: int) -> float:
+    """float32 values each thread holds for the score tile and the accumulator: (BM·BN + BM·D) / threads.
+
+    A rough gauge of register pressure (the compiler needs more: addresses, row statistics, operands).
+    """
+    return (block_m * block_n + block_m * d_pad) / (32 * num_warps)
+
+
+MAX_VALUES_PER_THREAD = 160  # above this, the compiled v2 kernels spill (255 registers is the ceiling)
+PRUNE_RULE = ("keep a configuration when its estimated shared memory (stages·2·BLOCK_N + BLOCK_M)·D·bytes fits "
+              "the per-block limit and (BLOCK_M·BLOCK_N + BLOCK_M·D)/(32·warps) <= "
+              f"{MAX_VALUES_PER_THREAD} float32 values per thread")
+
+
+def prune_autotune_space(configs: list[dict], *, d_pad: int, elem_bytes: int, shared_limit: int,
+                         max_values_per_thread: float = MAX_VALUES_PER_THREAD) -> list[dict]:
+    """The autotuner's space before it runs: configurations that fit shared memory and do not obviously spill."""
+    fit = prune_configs(configs, d_pad=d_pad, elem_bytes=elem_bytes, shared_limit=shared_limit)
+    kept = [c for c in fit if register_estimate(block_m=c["block_m"], block_n=c["block_n"], d_pad=d_pad,
+                                                num_warps=c["num_warps"]) <= max_values_per_thread]
+    return kept or fit[:1]
+
+
+def _pow2_floor(x: float) -> int:
+    return 1 << max(0, int(math.floor(math.log2(x)))) if x >= 1 else 1
+
+
+def fa1_block_sizes(sram_bytes: int, D: int, elem_bytes: int, *, min_block: int = 16, max_block: int = 256) -> dict:
+    """The FlashAttention-1 paper's rule (Algorithm 1): with M elements of on-chip memory,
+    Bc = ⌈M / (4·d)⌉ and Br = min(Bc, d).
+
+    Returns the raw values and the tiles Triton can use: rounded *down* to a power of two (so the tiles
+    still fit), clamped to [min_block, max_block]. ``block_n`` is Bc (keys per K/V block), ``block_m`` Br.
+    """
+    if sram_bytes <= 0 or D <= 0 or elem_bytes <= 0:
+        raise ValueError(f"sram_bytes, D and elem_bytes must be positive, got {sram_bytes}, {D}, {elem_bytes}")
+    M = sram_bytes // elem_bytes
+    bc = math.ceil(M / (4 * D))
+    br = min(bc, D)
+
+    def tile(x):
+        return min(max_block, max(min_block, _pow2_floor(x)))
+
+    return {"sram_elements": M, "bc": bc, "br": br, "block_n": tile(bc), "block_m": tile(br)}
+
+
+@exercise("FA1 block sizes")
+def check_fa1_block_sizes(fn) -> str:
+    """``fn(sram_bytes, D, elem_bytes) -> (Bc, Br)``, the raw (not rounded) values of the paper's rule."""
+    cases = [(48 * 1024, 64, 4), (48 * 1024, 32, 4), (232448, 64, 2), (232448, 128, 2), (100_000, 48, 2),
+             (1000, 64, 4)]
+    for sram, D, eb in cases:
+        want = fa1_block_sizes(sram, D, eb)
+        got = call(fn, sram, D, eb)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise ExerciseFailed(f"return a tuple (Bc, Br), got {got!r}")
+        bc, br = got
+        where = f"for sram_bytes={sram}, D={D}, elem_bytes={eb}"
+        if bc == math.ceil(sram / (4 * D)):
+            raise ExerciseFailed(f"Bc={bc} {where}: M counts elements, not bytes (divide by elem_bytes)")
+        if bc == (sram // eb) // (4 * D) and bc != want["bc"]:
+            raise ExerciseFailed(f"Bc={bc} {where}: the paper rounds M / (4d) up (math.ceil), not down")
+        if bc != want["bc"]:
+            raise ExerciseFailed(f"Bc={bc} {where}, expected {want['bc']} (= ceil(M / (4·D)), M in elements)")
+        if br != want["br"]:
+            raise ExerciseFailed(f"Br={br} {where}, expected {want['br']} (= min(Bc, D))")
+    return f"{len(cases)} cases agree with the paper's rule"
+
+
+# --- the sweep as a grid -----------------------------------------------------------------------
+
+def short_error(err: BaseException | str, limit: int = 200) -> str:
+    """A one-line description of a failed configuration; shared-memory failures say so plainly."""
+    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+    text = " ".join(text.split())
+    if "OutOfResources" in text and "shared" in text.lower():
+        return "out of shared memory: " + text[:limit]
+    return text[:limit]
+
+
+def is_shared_memory_error(row: dict) -> bool:
+    return "error" in row and "shared" in row["error"].lower()
+
+
+def successful(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if "error" not in r and r.get("tflops") is not None]
+
+
+def best_row(rows: list[dict]) -> dict | None:
+    ok = successful(rows)
+    return max(ok, key=lambda r: r["tflops"]) if ok else None
+
+
+def heatmap_table(rows: list[dict], value: str = "tflops") -> dict:
+    """Rows of a sweep as a grid: one line per (block_m, block_n), one column per (num_warps, num_stages).
+
+    Returns ``{"row_labels", "col_labels", "values" (floats, None where missing or failed), "status"
+    ('ok', 'smem' for out of shared memory, 'error', or '' where not run)}``.
+    """
+    tiles = sorted({(r["block_m"], r["block_n"]) for r in rows})
+    launch = sorted({(r["num_warps"], r["num_stages"]) for r in rows})
+    values = [[None] * len(launch) for _ in tiles]
+    status = [[""] * len(launch) for _ in tiles]
+    for r in rows:
+        i, j = tiles.index((r["block_m"], r["block_n"])), launch.index((r["num_warps"], r["num_stages"]))
+        if "error" in r:
+            status[i][j] = "smem" if is_shared_memory_error(r) else "error"
+        else:
+            status[i][j] = "ok"
+            values[i][j] = r.get(value)
+    return {"row_labels": [f"{m}×{n}" for m, n in tiles], "col_labels": [f"{w}w/{s}s" for w, s in launch],
+            "values": values, "status": status, "tiles": tiles, "launch": launch}
+
+
+def plot_sweep_heatmap(ax, rows: list[dict], title: str, value: str = "tflops", fmt: str = "{:.0f}"):
+    """Draw ``heatmap_table(rows)`` on ``ax``; failed cells are grey, 'smem' = out of shared memory."""
+    import matplotlib.colors as mcolors
+    import numpy as np
+
+    table = heatmap_table(rows, value)
+    data = np.array([[np.nan if v is None else v for v in line] for line in table["values"]], dtype=float)
+    cmap = mcolors.LinearSegmentedColormap.from_list("tflops", ["#f7fbff", "#6baed6", "#08306b"]).with_extremes(
+        bad="#d9d9d9")
+    finite = data[np.isfinite(data)]
+    vmax = float(finite.max()) if finite.size else 1.0
+    image = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=0, vmax=vmax, aspect="auto")
+    best = best_row(rows)
+    for i, line in enumerate(table["status"]):
+        for j, st in enumerate(line):
+            if st == "ok" and np.isfinite(data[i, j]):
+                dark = data[i, j] > 0.6 * vmax
+                is_best = best is not None and (best["block_m"], best["block_n"]) == table["tiles"][i] and \
+                    (best["num_warps"], best["num_stages"]) == table["launch"][j]
+                ax.text(j, i, fmt.format(data[i, j]) + ("★" if is_best else ""), ha="center", va="center",
+                        fontsize=7, color="white" if dark else "black", fontweight="bold" if is_best else None)
+            elif st:
+                ax.text(j, i, "smem" if st == "smem" else "×", ha="center", va="center", fontsize=7, color="#b2182b")
+    ax.set_xticks(range(len(table["col_labels"])), table["col_labels"], rotation=60, fontsize=7)
+    ax.set_yticks(range(len(table["row_labels"])), table["row_labels"], fontsize=8)
+    ax.set_xlabel("warps / pipeline stages")
+    ax.set_ylabel("BLOCK_M × BLOCK_N")
+    ax.set_title(title, fontsize=9)
+    ax.grid(False)
+    return image
+
+
+# --- compiled kernels --------------------------------------------------------------------------
+
+def instruction_summary(sass_counts: dict[str, int]) -> dict[str, int]:
+    """Static counts of the instructions notebook 06 talks about, summed over their modifiers.
+
+    ``exp2`` = MUFU.EX2 (every exponential: ``tl.exp`` becomes a multiply by log2 e, then EX2),
+    ``rcp`` = MUFU.RCP (a division is a reciprocal and multiplies, plus a slow-path check),
+    ``mma`` = HMMA/HGMMA (tensor cores), ``ffma`` = FFMA (CUDA-core fused multiply-add), ``fmul``.
+    """
+    def total(*prefixes):
+        return sum(n for op, n in sass_counts.items() if op.split(".")[0] in prefixes)
+
+    return {"exp2": sum(n for op, n in sass_counts.items() if op.startswith("MUFU.EX2")),
+            "rcp": sum(n for op, n in sass_counts.items() if op.startswith("MUFU.RCP")),
+            "mufu": total("MUFU"), "mma": total("HMMA", "HGMMA"), "ffma": total("FFMA"),
+            "fmul": total("FMUL"), "shared_loads": total("LDS", "LDSM"), "total": sum(sass_counts.values())}
+
+
+def unwrap_jit(kernel):
+    """The ``JITFunction`` under ``triton.autotune`` / ``triton.heuristics`` wrappers."""
+    from triton.runtime.jit import JITFunction
+
+    seen = 0
+    while not isinstance(kernel, JITFunction) and hasattr(kernel, "fn") and seen < 5:
+        kernel, seen = kernel.fn, seen + 1
+    return kernel
+
+
+def kernel_name(jit_fn) -> str:
+    fn = getattr(jit_fn, "fn", None)
+    return getattr(fn, "__name__", None) or getattr(jit_fn, "__name__", "?")
+
+
+def kernel_resources(kernel) -> dict:
+    """Registers, spills, shared memory, warps and stages of one compiled kernel (no SASS)."""
+    return {"registers_per_thread": kernel.n_regs, "spills": kernel.n_spills, "shared_bytes": kernel.metadata.shared,
+            "num_warps": kernel.metadata.num_warps, "num_stages": getattr(kernel.metadata, "num_stages", None)}
+
+
+# --- triton.autotune over attn_kernel_v2 -------------------------------------------------------
+
+def triton_configs(space_or_list) -> list:
+    """``triton.Config`` objects for a space dict or a list of config dicts."""
+    import triton
+
+    cfgs = sweep_configs(space_or_list) if isinstance(space_or_list, dict) else list(space_or_list)
+    return [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"]}, num_warps=c["num_warps"],
+                          num_stages=c["num_stages"]) for c in cfgs]
+
+
+def config_dict(config) -> dict:
+    """A ``triton.Config`` as the course's option dict."""
+    return {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"],
+            "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+def _shared_limit() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    return 232448  # interpreter: no limit matters; an H100/H200's
+
+
+def _early_prune(configs, named_args, **kwargs):
+    d_pad = kwargs.get("D_PAD", named_args.get("D_PAD"))
+    elem_bytes = named_args["Q"].element_size()
+    return prune_configs(configs, d_pad=d_pad, elem_bytes=elem_bytes, shared_limit=_shared_limit())
+
+
+def autotuned_v2(configs: list, *, bench_warmup: int = 5, bench_rep: int = 20):
+    """``triton.autotune`` applied to ``attn_kernel_v2``: it times every configuration (pruned by the
+    shared-memory estimate) the first time it meets a new (N, D, dtype, causal, precision) and keeps the
+    fastest. ``configs``: a list of ``triton.Config`` (see ``triton_configs``)."""
+    import triton
+
+    from .kernels.v2 import attn_kernel_v2
+
+    def bench(kernel_call, quantiles):
+        return triton.testing.do_bench(kernel_call, warmup=bench_warmup, rep=bench_rep, quantiles=quantiles)
+
+    key = ["N", "D", "CAUSAL", "PRECISION"]
+    prune = {"early_config_prune": _early_prune}
+    try:
+        return triton.autotune(configs, key=key, prune_configs_by=prune, do_bench=bench)(attn_kernel_v2)
+    except TypeError:  # an older Triton without do_bench=
+        return triton.autotune(configs, key=key, prune_configs_by=prune, warmup=bench_warmup,
+                               rep=bench_rep)(attn_kernel_v2)
+
+
+def run_autotuned_v2(tuned, q, k, v, *, causal=False, scale=None, input_precision="ieee",
+                     deferred_norm=True, use_exp2=False):
+    """Launch an ``autotuned_v2`` kernel the way ``attention_v2`` launches ``attn_kernel_v2``; the block
+    sizes, warps and stages come from the tuner (``tuned.best_config`` after the call)."""
+    import triton
+
+    from .validate import check_kernel_inputs
+
+    B, H, N, D, scale = check_kernel_inputs(q, k, v, variant="v2", causal=causal, scale=scale)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+    def grid(meta):
+        return (triton.cdiv(N, meta["BLOCK_M"]), B * H)
+
+    tuned[grid](
+        q, k, v, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(), H, N, scale,
+        D=D, D_PAD=D, CAUSAL=causal, PRECISION=input_precision, K_TRANSPOSED=False,
+        DEFERRED_NORM=deferred_norm, USE_EXP2=use_exp2,
+    )
+    return o
+
+
+def timings_table(tuned) -> list[dict]:
+    """What the tuner measured: one row per configuration tried (median ms, inf where it failed)."""
+    out = []
+    for config, timing in getattr(tuned, "configs_timings", {}).items():
+        ms = timing[0] if isinstance(timing, (list, tuple)) else timing
+        out.append({**config_dict(config), "ms": None if not math.isfinite(ms) else float(ms)})
+    return sorted(out, key=lambda r: (r["ms"] is None, r["ms"] or 0.0))
+
+
+# --- progress --------------------------------------------------------------------------------
+
+def progress_text(done: int, total: int, width: int = 24, label: str = "") -> str:
+    """A plain text progress bar: ``[#########...............]  9/24 label``."""
+    total = max(total, 1)
+    filled = round(width * min(done, total) / total)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done:>{len(str(total))}}/{total} {label}".rstrip()
+
+
+class Progress:
+    """A progress bar: an ipywidgets.IntProgress in a notebook, a text line otherwise."""
+
+    def __init__(self, total: int, description: str = "", widget: bool = True):
+        self.total, self.done, self.description, self.bar = total, 0, description, None
+        if widget:
+            try:
+                from IPython import get_ipython
+                from IPython.display import display
+                from ipywidgets import IntProgress
+
+                if get_ipython() is not None:
+                    self.bar = IntProgress(min=0, max=total, description=description)
+                    display(self.bar)
+            except ImportError:
+                self.bar = None
+
+    def step(self, label: str = "") -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.value = self.done
+        else:
+            print(progress_text(self.done, self.total, label=f"{self.description} {label}".strip()), flush=True)

@@ -1,0 +1,97 @@
+"""The fast kernel: its log-sum-exp, its options and, on a GPU, every path it can take."""
+
+import pytest
+import torch
+from helpers import TOL, qkv, rel_error
+
+from flashattn import VARIANTS, reference, runtime
+from flashattn.kernels.fast import attention_fast, tuning_configs
+
+GPU = pytest.mark.skipif(runtime.MODE != "gpu", reason="needs a GPU")
+INTERPRETER = pytest.mark.skipif(runtime.MODE != "interpreter", reason="interpreter-mode behaviour")
+TF32_TOL = 3e-3  # TF32 keeps 10 mantissa bits, like float16
+
+
+def reference_lse(q, k, v, causal):
+    D, N = q.shape[-1], q.shape[-2]
+    s = (q.double() @ k.double().transpose(-1, -2)) / D**0.5
+    if causal:
+        s = s.masked_fill(torch.ones(N, N, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return torch.logsumexp(s, dim=-1)
+
+
+@pytest.mark.parametrize("N", [1, 17, 100])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_output_and_log_sum_exp(N, causal, dtype):
+    q, k, v = qkv(2, 3, N, 32, dtype, seed=N)
+    out, lse = attention_fast(q, k, v, causal=causal, return_lse=True, block_m=32, block_n=16)
+    assert rel_error(out, reference(q, k, v, causal=causal)) < TOL[dtype]
+    assert lse.shape == (2, 3, N) and lse.dtype == torch.float32
+    assert (lse.double() - reference_lse(q, k, v, causal)).abs().max().item() < 1e-4
+
+
+def test_bad_options_are_refused():
+    q, k, v = qkv(1, 1, 8, 32, torch.float32, seed=0)
+    with pytest.raises(TypeError, match="return_lse"):
+        attention_fast(q, k, v, return_lse="yes")
+    with pytest.raises(ValueError, match="fast_exp"):
+        attention_fast(q, k, v, fast_exp=True)
+    with pytest.raises(ValueError, match="block_n <= block_m"):
+        attention_fast(q, k, v, causal=True, block_m=16, block_n=32)
+    with pytest.raises(TypeError, match="unknown option"):
+        attention_fast(q, k, v, block_k=32)
+
+
+@INTERPRETER
+@pytest.mark.parametrize("option", ["use_tma", "warp_specialize", "autotune"])
+def test_gpu_only_options_are_refused_in_the_interpreter(option):
+    q, k, v = qkv(1, 1, 8, 32, torch.float16, seed=0)
+    with pytest.raises(ValueError, match="GPU"):
+        attention_fast(q, k, v, **{option: True})
+
+
+def test_tuning_space_is_valid():
+    for D in (16, 32, 64, 128, 256):
+        for dtype in (torch.float16, torch.float32):
+            configs = tuning_configs(D, dtype)
+            assert configs and all(c["block_m"] >= 16 and c["block_n"] >= 16 for c in configs)
+
+
+@GPU
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_autotuned_on_gpu(D, causal, dtype):
+    for N in (17, 1000):
+        q, k, v = qkv(2, 3, N, D, dtype, seed=N)
+        out, lse = VARIANTS["fast"](q, k, v, causal=causal, return_lse=True)
+        assert rel_error(out, reference(q, k, v, causal=causal)) < TOL[dtype]
+        assert (lse.double() - reference_lse(q, k, v, causal)).abs().max().item() < 1e-2
+
+
+@GPU
+@pytest.mark.parametrize("D", [16, 32, 256])
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_float32_and_other_head_dims_on_gpu(D, precision):
+    q, k, v = qkv(2, 2, 300, D, torch.float32, seed=D)
+    opts = dict(block_m=64, block_n=32, num_warps=4, num_stages=2, input_precision=precision)
+    for causal in (False, True):
+        out = attention_fast(q, k, v, causal=causal, **opts)
+        tol = TOL[torch.float32] if precision == "ieee" else TF32_TOL
+        assert rel_error(out, reference(q, k, v, causal=causal)) < tol
+    qh, kh, vh = (t.half() for t in (q, k, v))
+    out = attention_fast(qh, kh, vh, causal=True, block_m=64, block_n=32, num_warps=4, num_stages=2)
+    assert rel_error(out, reference(qh, kh, vh, causal=True)) < TOL[torch.float16]
+
+
+@GPU
+@pytest.mark.parametrize("option", ["use_tma", "fast_exp", "prefetch_scores", "warp_specialize"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_every_switch_on_gpu(option, dtype):
+    q, k, v = qkv(1, 2, 300, 64, dtype, seed=3, contiguous=False)
+    tiles = dict(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    for value in (False, True):
+        extra = {} if option == "use_tma" else {"use_tma": True}
+        out = attention_fast(q, k, v, causal=True, **tiles, **extra, **{option: value})
+        assert rel_error(out, reference(q, k, v, causal=True)) < TOL[dtype], f"{option}={value}"
