@@ -35,10 +35,10 @@ def _matmul_ms(M: int, dtype: torch.dtype, tf32: bool) -> float:
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
-@measurement("device", description="device properties, copy bandwidth and matrix-multiply rates")
-def device() -> dict:
+def device_properties() -> dict:
+    """The GPU's properties that the course uses (SM count, caches, shared memory, registers, clocks)."""
     p = torch.cuda.get_device_properties(0)
-    props = {
+    return {
         "name": p.name,
         "multiprocessors": p.multi_processor_count,
         "total_memory_bytes": p.total_memory,
@@ -51,6 +51,11 @@ def device() -> dict:
         "max_sm_clock_mhz": nvidia_smi("clocks.max.sm"),
         "max_memory_clock_mhz": nvidia_smi("clocks.max.memory"),
     }
+
+
+@measurement("device", description="device properties, copy bandwidth and matrix-multiply rates")
+def device() -> dict:
+    props = device_properties()
     n = 1 << 30  # a 4 GiB device-to-device copy moves 8 GiB (read + write)
     ms = _copy_ms(n)
     copy_gbps = 2 * n * 4 / (ms * 1e-3) / 1e9

@@ -7,22 +7,20 @@ import functools
 import torch
 
 from . import bench, runtime
-from .kernels import VARIANTS, default_options
+from .kernels import VARIANTS, launch_tiles
 from .kernels.fast import tuned_config
+from .profile import torch_profile
 from .record import measurement
 from .reference import reference
+from .tuning import short_error
 
 ABLATION = dict(dtype="float16", B=4, H=16, N=4096, head_dims=(64, 128))
 
 
 def _sdpa_backend_kernels(q, k, v) -> list[str]:
     """Names of the CUDA kernels SDPA launches here (which backend PyTorch picked)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        bench.sdpa(q, k, v)
-        torch.cuda.synchronize()
-    return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA" and "emset" not in e.name})
+    rows = torch_profile({"sdpa": functools.partial(bench.sdpa, q, k, v)}, repeat=1)
+    return sorted(r["name"] for r in rows if r["kind"] == "kernel" and "emset" not in r["name"])
 
 
 @measurement("fast_vs_sdpa", description="fast, v2 and SDPA side by side: fp16/bf16, D 64/128, N 1k-16k (B·N fixed)")
@@ -38,11 +36,11 @@ def fast_vs_sdpa() -> dict:
                      "two heads of the first batch against the float64 reference"}
 
 
-def _ablation_steps(D: int, causal: bool, final: dict) -> list[tuple[str, str, dict, bool]]:
+def _ablation_steps(D: int, final: dict) -> list[tuple[str, str, dict, bool]]:
     """(label, variant, options, kept) from v2 to fast, one change at a time; then what was tried."""
     dtype = getattr(torch, ABLATION["dtype"])
-    v2_tiles = {k: default_options("v2", dtype, D, "gpu")[k] for k in ("block_m", "block_n", "num_warps", "num_stages")}
-    plain = dict(v2_tiles, use_tma=False, fast_exp=False, prefetch_scores=False, warp_specialize=False)
+    plain = dict(launch_tiles("v2", dtype, D), use_tma=False, fast_exp=False, prefetch_scores=False,
+                 warp_specialize=False)
     return [
         ("v2 (notebook 04)", "v2", {}, True),
         ("+ exp2, log2(e) folded into the scale", "v2", {"use_exp2": True}, True),
@@ -68,7 +66,7 @@ def fast_ablation() -> dict:
             VARIANTS["fast"](q, k, v, causal=causal)  # autotune first: the tried options build on its pick
             final = tuned_config(D, dtype, N, H, causal)
             ref = reference(q[sl], k[sl], v[sl], causal=causal)
-            for label, variant, options, kept in _ablation_steps(D, causal, final):
+            for label, variant, options, kept in _ablation_steps(D, final):
                 row = {"D": D, "causal": causal, "step": label, "variant": variant, "options": options,
                        "kept": kept, "sdpa_ms": sdpa_ms}
                 fn = functools.partial(VARIANTS[variant], q, k, v, causal=causal, **options)
@@ -82,7 +80,7 @@ def fast_ablation() -> dict:
                     print(f"  D={D} causal={causal} {label}: {row['tflops']:.0f} TFLOP/s ({row['vs_sdpa']:.2f}× SDPA)",
                           flush=True)
                 except Exception as err:  # a step that does not compile is a result too
-                    row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+                    row["error"] = short_error(err, 300)
                     print(f"  D={D} causal={causal} {label}: {row['error'][:100]}", flush=True)
                 rows.append(row)
     return {**{k: v for k, v in ABLATION.items() if k != "head_dims"}, "rows": rows,

@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import torch
 
 from . import runtime
-from .kernels import VARIANTS, default_options
+from .kernels import VARIANTS, launch_tiles
 from .kernels.v2 import attn_kernel_v2
-from .profile import BANK_METRICS, NcuUnavailable, compiled_kernels, find_ncu, kernel_facts, ncu_profile
+from .profile import BANK_METRICS, NcuUnavailable, compiled_kernels, kernel_facts, ncu_profile, ncu_version
 from .record import measurement
+from .tuning import PATHS
 
-# The two paths of notebook 05: float32 on CUDA cores (the source post's), fp16 on tensor cores.
-PATHS = {
-    "fp32_ieee": {"dtype": "float32", "Ds": (32, 64), "B": 4, "H": 16, "N": 2048,
-                  "options": {"input_precision": "ieee"}},
-    "fp16_tc": {"dtype": "float16", "Ds": (64, 128), "B": 4, "H": 16, "N": 4096, "options": {}},
-}
+# The two paths of notebook 05 (flashattn.tuning.PATHS): float32 on CUDA cores (the source post's),
+# then fp16 on tensor cores.
+PATH_ORDER = ("fp32_ieee", "fp16_tc")
 K_VARIANTS = ("v2", "v2_kt", "v2_kt_view", "v2_padded")
 
 
 def _configs():
-    for path, p in PATHS.items():
+    for path in PATH_ORDER:
+        p = PATHS[path]
         for D in p["Ds"]:
             for variant in K_VARIANTS:
                 yield path, {"variant": variant, "dtype": p["dtype"], "B": p["B"], "H": p["H"], "N": p["N"],
@@ -31,9 +28,7 @@ def _configs():
 
 def _launch_options(cfg) -> dict:
     """Tile sizes, warps and stages the configuration ran with (the variant's defaults on a GPU)."""
-    opts = default_options(cfg["variant"], getattr(torch, cfg["dtype"]), cfg["D"], mode="gpu")
-    opts.update(cfg["options"])
-    return {k: opts[k] for k in ("block_m", "block_n", "num_warps", "num_stages")}
+    return launch_tiles(cfg["variant"], cfg["dtype"], cfg["D"])
 
 
 @measurement("compiled_layouts", description="shared layouts (TTGIR), resources and SASS counts of v2 variants")
@@ -51,14 +46,6 @@ def compiled_layouts() -> dict:
     return {"rows": rows, "notes": "default options of each variant; SASS from the cubin via cuobjdump"}
 
 
-def _ncu_version() -> str | None:
-    ncu = find_ncu()
-    if not ncu:
-        return None
-    out = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=60)
-    return out.stdout.strip().splitlines()[-1] if out.stdout else None
-
-
 @measurement("bank_conflicts", description="Nsight Compute shared-memory counters of v2, v2_kt, v2_kt_view, v2_padded")
 def bank_conflicts() -> dict:
     configs = list(_configs())
@@ -72,5 +59,5 @@ def bank_conflicts() -> dict:
         rows.append({"path": path, **{k: cfg[k] for k in ("variant", "dtype", "B", "H", "N", "D")},
                      **_launch_options(cfg), "grid": launch["grid"], "block": launch["block"],
                      "metrics": launch["metrics"]})
-    return {"rows": rows, "metrics": BANK_METRICS, "ncu_version": _ncu_version(),
+    return {"rows": rows, "metrics": BANK_METRICS, "ncu_version": ncu_version(),
             "notes": "ncu --clock-control none; second launch of each configuration (the first compiles)"}

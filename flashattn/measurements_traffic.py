@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 from . import traffic
+from .kernels import launch_tiles
 from .profile import (
     SHARED_METRICS,
     TRAFFIC_METRICS,
@@ -44,16 +45,6 @@ ALL_METRICS = TRAFFIC_METRICS + SHARED_METRICS + WARP_METRICS
 BUDGET_S = 140  # stop starting new ncu runs after this (the lead's budget is 150 s on an H200)
 
 
-def launch_options(variant: str, dtype: str, D: int) -> dict:
-    """The variant's GPU defaults for tiles, warps and stages (passed explicitly, so the model matches)."""
-    import torch
-
-    from .kernels import default_options
-
-    opts = default_options(variant, getattr(torch, dtype), D, mode="gpu")
-    return {k: opts[k] for k in ("block_m", "block_n", "num_warps", "num_stages")}
-
-
 def configs(sizes: dict = SIZES, dtype: str = DTYPE) -> list[dict]:
     """Every configuration: ``{"size", **target_config(...)}`` (naive at its own B and H)."""
     out = []
@@ -61,7 +52,7 @@ def configs(sizes: dict = SIZES, dtype: str = DTYPE) -> list[dict]:
         for variant in ("naive",) + FAMILY:
             bh = s["naive"] if variant == "naive" else s
             cfg = target_config(variant, B=bh["B"], H=bh["H"], N=s["N"], D=s["D"], dtype=dtype,
-                                options=launch_options(variant, dtype, s["D"]))
+                                options=launch_tiles(variant, dtype, s["D"]))
             out.append({"size": size, **cfg})
     return out
 

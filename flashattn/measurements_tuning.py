@@ -21,9 +21,10 @@ import torch
 from . import runtime, tuning
 from .bench import attention_flops, time_ms
 from .exercises._check import rel_error
-from .kernels import VARIANTS, default_options
+from .kernels import VARIANTS, launch_tiles
+from .measurements import device_properties
 from .occupancy import SMLimits, occupancy
-from .profile import NcuUnavailable, compiled_kernels, kernel_facts, ncu_profile
+from .profile import NcuUnavailable, compiled_kernels, kernel_facts, kernel_resources, ncu_profile
 from .record import measurement
 from .reference import reference
 
@@ -39,11 +40,7 @@ def _log(msg: str) -> None:
 
 
 def _sm_limits() -> SMLimits:
-    p = torch.cuda.get_device_properties(0)
-    return SMLimits.from_properties({"registers_per_sm": p.regs_per_multiprocessor,
-                                     "shared_memory_per_sm_bytes": p.shared_memory_per_multiprocessor,
-                                     "max_threads_per_sm": p.max_threads_per_multi_processor,
-                                     "warp_size": getattr(p, "warp_size", 32)})
+    return SMLimits.from_properties(device_properties())
 
 
 def _occupancy(res: dict, limits: SMLimits) -> dict:
@@ -75,14 +72,6 @@ def _variant_jits(variant: str) -> list:
     raise ValueError(f"no kernels known for variant {variant!r}")
 
 
-def _launch_options(variant: str, dtype: torch.dtype, D: int) -> dict:
-    try:
-        opts = default_options(variant, dtype, D, mode="gpu")
-    except (ValueError, KeyError, TypeError):
-        return {}
-    return {k: opts[k] for k in tuning.CONFIG_KEYS if k in opts}
-
-
 def _problems(paths=("fp16_tc", "fp32_ieee")):
     for path in paths:
         p = tuning.PATHS[path]
@@ -98,7 +87,7 @@ def _compiled_rows(variants) -> list[dict]:
         q, k, v = runtime.random_qkv(p["B"], p["H"], p["N"], D, dtype=dtype, seed_value=D, device="cuda")
         for variant in variants:
             base = {"path": path, "variant": variant, "dtype": p["dtype"], "B": p["B"], "H": p["H"], "N": p["N"],
-                    "D": D, **_launch_options(variant, dtype, D)}
+                    "D": D, **launch_tiles(variant, dtype, D)}
             t0 = time.perf_counter()
             try:
                 jits = _variant_jits(variant)
@@ -168,7 +157,7 @@ def normalization_exp2() -> dict:
         for ab in ABLATIONS:
             opts = {**p["options"], "deferred_norm": ab["deferred_norm"], "use_exp2": ab["use_exp2"]}
             row = {"path": path, "dtype": p["dtype"], "B": p["B"], "H": p["H"], "N": p["N"], "D": D, **ab,
-                   **_launch_options("v2", dtype, D)}
+                   **launch_tiles("v2", dtype, D)}
             try:
                 attn_kernel_v2.device_caches.clear()
                 row["rel_error"] = rel_error(VARIANTS["v2"](cq, ck, cv, **opts).cpu(), ref.cpu())
@@ -216,7 +205,7 @@ def sweep(path: str, D: int, configs: list[dict], *, warmup: int = 5, rep: int =
             row["rel_error"] = err
             kernels = compiled_kernels(attn_kernel_v2)
             if kernels:
-                res = tuning.kernel_resources(kernels[0])
+                res = kernel_resources(kernels[0])
                 row.update(registers_per_thread=res["registers_per_thread"], spills=res["spills"],
                            shared_bytes=res["shared_bytes"], occupancy=_occupancy(res, limits).get("occupancy"))
             if not err < TOLERANCE[p["dtype"]]:
@@ -288,7 +277,7 @@ def autotune_entry(D: int, path: str = "fp16_tc") -> dict:
         flops = attention_flops(p["B"], p["H"], p["N"], D)
         entry["ms"] = time_ms(functools.partial(tuning.run_autotuned_v2, tuned, q, k, v), warmup=10, rep=50)
         entry["tflops"] = flops / (entry["ms"] * 1e-3) / 1e12
-        entry["default"] = _launch_options("v2", dtype, D)
+        entry["default"] = launch_tiles("v2", dtype, D)
         entry["default_ms"] = time_ms(functools.partial(VARIANTS["v2"], q, k, v), warmup=10, rep=50)
         entry["default_tflops"] = flops / (entry["default_ms"] * 1e-3) / 1e12
         entry["rel_error_vs_default"] = rel_error(o.float().cpu(), VARIANTS["v2"](q, k, v).float().cpu())
@@ -343,7 +332,7 @@ def occupancy_ncu() -> dict:
     rows = []
     for cfg, launches in zip(targets, profiled, strict=True):
         for launch in launches:
-            rows.append({**cfg, **_launch_options(cfg["variant"], getattr(torch, cfg["dtype"]), cfg["D"]),
+            rows.append({**cfg, **launch_tiles(cfg["variant"], getattr(torch, cfg["dtype"]), cfg["D"]),
                          "kernel": launch["kernel"], "grid": launch["grid"], "block": launch["block"],
                          "metrics": launch["metrics"]})
     return {"rows": rows, "metrics": OCCUPANCY_METRICS,

@@ -67,16 +67,15 @@ def shared_layouts(ttgir: str) -> list[str]:
     return [line.strip() for line in ttgir.splitlines() if line.startswith("#") and "shared" in line]
 
 
+def kernel_resources(kernel) -> dict:
+    """Registers, spills, shared memory, warps and stages of one compiled kernel (no SASS: quick)."""
+    return {"registers_per_thread": kernel.n_regs, "spills": kernel.n_spills, "shared_bytes": kernel.metadata.shared,
+            "num_warps": kernel.metadata.num_warps, "num_stages": getattr(kernel.metadata, "num_stages", None)}
+
+
 def kernel_facts(kernel) -> dict:
     """Registers, spills, shared memory, warps, shared layouts and SASS opcode counts of one kernel."""
-    facts = {
-        "registers_per_thread": kernel.n_regs,
-        "spills": kernel.n_spills,
-        "shared_bytes": kernel.metadata.shared,
-        "num_warps": kernel.metadata.num_warps,
-        "num_stages": getattr(kernel.metadata, "num_stages", None),
-        "shared_layouts": shared_layouts(kernel.asm.get("ttgir", "")),
-    }
+    facts = {**kernel_resources(kernel), "shared_layouts": shared_layouts(kernel.asm.get("ttgir", ""))}
     try:
         from triton.tools.disasm import get_sass
 

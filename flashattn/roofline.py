@@ -32,7 +32,6 @@ ROOF_LABELS = {
     "float32_tf32": "fp32 via TF32 tensor cores",
     "float32_ieee": "fp32 on CUDA cores (IEEE)",
 }
-_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 # --- the GPU's numbers ------------------------------------------------------------------------
@@ -188,10 +187,10 @@ def gpu_default_blocks(variant: str, dtype: str = "float16", D: int = 64) -> tup
     The kernels' ``default_options`` choose smaller blocks in interpreter mode; a roofline is about a
     GPU, so this asks for the GPU choice whatever the current mode.
     """
-    from .kernels import default_options
+    from .kernels import launch_tiles
 
-    opts = default_options(variant, _TORCH_DTYPES[dtype], D, mode="gpu")
-    return opts["block_m"], opts["block_n"]
+    tiles = launch_tiles(variant, dtype, D)
+    return tiles["block_m"], tiles["block_n"]
 
 
 def attention_bytes(variant: str, *, B: int, H: int, N: int, D: int, dtype_bytes: int,

@@ -512,7 +512,8 @@ def fit_source_problem(reported: dict | None = None, *, tolerance: float = 0.05,
 #   * the compulsory bytes: each tensor a kernel touches read (or written) exactly once, the DRAM
 #     traffic of a perfect cache.
 
-SECTOR_BYTES = 32
+from .profile import SECTOR_BYTES  # noqa: E402  (this section's own import)
+
 HOST_SIDE_PARTS = ("K^T copy",)  # done by PyTorch before the kernel: a profile of the kernel does not see it
 
 

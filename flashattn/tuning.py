@@ -20,6 +20,7 @@ import math
 import torch
 
 from .exercises._check import ExerciseFailed, call, exercise
+from .validate import TILE_KEYS
 
 # --- the problems and the spaces swept ---------------------------------------------------------
 
@@ -41,7 +42,7 @@ SWEEP_SPACES = {
 # tutorial uses, less the 5 and 6 stages.
 AUTOTUNE_SPACE = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
 
-CONFIG_KEYS = ("block_m", "block_n", "num_warps", "num_stages")
+CONFIG_KEYS = TILE_KEYS
 
 
 def sweep_configs(space: dict) -> list[dict]:
@@ -273,12 +274,6 @@ def unwrap_jit(kernel):
 def kernel_name(jit_fn) -> str:
     fn = getattr(jit_fn, "fn", None)
     return getattr(fn, "__name__", None) or getattr(jit_fn, "__name__", "?")
-
-
-def kernel_resources(kernel) -> dict:
-    """Registers, spills, shared memory, warps and stages of one compiled kernel (no SASS)."""
-    return {"registers_per_thread": kernel.n_regs, "spills": kernel.n_spills, "shared_bytes": kernel.metadata.shared,
-            "num_warps": kernel.metadata.num_warps, "num_stages": getattr(kernel.metadata, "num_stages", None)}
 
 
 # --- triton.autotune over attn_kernel_v2 -------------------------------------------------------

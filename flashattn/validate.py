@@ -15,7 +15,8 @@ from . import runtime
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 POW2_HEAD_DIMS = (16, 32, 64, 128, 256)
 INPUT_PRECISIONS = ("ieee", "tf32", "tf32x3")
-COMMON_OPTIONS = ("block_m", "block_n", "num_warps", "num_stages", "input_precision")
+TILE_KEYS = ("block_m", "block_n", "num_warps", "num_stages")  # the launch options that set the tiles
+COMMON_OPTIONS = (*TILE_KEYS, "input_precision")
 
 _DTYPE_NAMES = ", ".join(str(d).replace("torch.", "") for d in KERNEL_DTYPES)
 

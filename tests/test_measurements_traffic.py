@@ -13,6 +13,7 @@ import pytest
 
 from flashattn import measurements_traffic as mt
 from flashattn import profile, recorded, traffic
+from flashattn.kernels import launch_tiles
 
 PROBLEM = dict(B=2, H=3, N=333, D=48, dtype_bytes=2)  # N not a multiple of any block
 
@@ -92,7 +93,7 @@ def test_configs_cover_every_variant_at_both_sizes():
     assert {(c["size"], c["variant"]) for c in cfgs} == {
         (s, v) for s in mt.SIZES for v in ("naive",) + mt.FAMILY}
     for c in cfgs:
-        assert c["options"] == mt.launch_options(c["variant"], c["dtype"], c["D"])
+        assert c["options"] == launch_tiles(c["variant"], c["dtype"], c["D"])
         if c["variant"] == "naive":
             assert (c["B"], c["H"]) == (mt.SIZES[c["size"]]["naive"]["B"], mt.SIZES[c["size"]]["naive"]["H"])
     by = {(c["size"], c["variant"]): c for c in cfgs}

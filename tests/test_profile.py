@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from flashattn import profile
+from flashattn.kernels import launch_tiles
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -263,7 +264,7 @@ def test_captured_traffic_fixture_matches_the_model():
         assert isinstance(metrics[name], float), name
     assert rows[1]["units"]["dram__bytes_read.sum"] == "byte"
     cfg = profile.target_config("v2", B=1, H=4, N=1024, D=64,
-                                options=measurements_traffic.launch_options("v2", "float16", 64))
+                                options=launch_tiles("v2", "float16", 64))
     model = measurements_traffic.model_numbers(cfg)["model_kernels"]
     measured = traffic.measured_bytes(metrics)
     assert abs(measured["l2_read"] / model["read"] - 1) < 0.15 and abs(measured["l2_write"] / model["write"] - 1) < 0.15

@@ -1,5 +1,8 @@
 """Every attention variant of the course, by name. Each takes (q, k, v, *, causal, scale, **options)."""
 
+import torch
+
+from ..validate import TILE_KEYS
 from . import fast, naive, v1, v2
 from .fast import attention_fast
 from .naive import naive_attention
@@ -32,3 +35,10 @@ def default_options(variant: str, dtype, D: int, mode: str | None = None) -> dic
     if variant not in _DEFAULTS:
         raise ValueError(f"unknown variant {variant!r}; accepted: {', '.join(_DEFAULTS)}")
     return _DEFAULTS[variant](dtype, D, mode)
+
+
+def launch_tiles(variant: str, dtype, D: int, mode: str | None = "gpu") -> dict:
+    """Tile sizes, warps and stages ``variant`` launches with by default (on a GPU unless ``mode`` says
+    otherwise); ``dtype`` a torch dtype or its name (``"float16"``)."""
+    opts = default_options(variant, getattr(torch, dtype) if isinstance(dtype, str) else dtype, D, mode)
+    return {k: opts[k] for k in TILE_KEYS}

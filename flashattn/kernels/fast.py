@@ -29,10 +29,9 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..validate import check_kernel_inputs, resolve_options
+from ..validate import TILE_KEYS, check_kernel_inputs, resolve_options
 
 LOG2_E = 1.4426950408889634
-LN_2 = 0.6931471805599453
 
 
 @triton.jit
@@ -193,7 +192,6 @@ def attn_kernel_fast(
 # --- launch options and autotuning -------------------------------------------------------------
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
-TILE_OPTIONS = ("block_m", "block_n", "num_warps", "num_stages")
 
 # The pruned search space of triton.autotune, per head dimension: (BLOCK_M, BLOCK_N, warps, stages).
 # BLOCK_M = 128 keeps two warpgroups' worth of rows against every K/V tile; deeper pipelines (more
@@ -213,7 +211,7 @@ def tuning_configs(D: int, dtype: torch.dtype) -> list[dict]:
     space = FLOAT32_SPACE if dtype == torch.float32 else TUNING_SPACE[D]
     if dtype == torch.float32 and D == 256:
         space = [c for c in space if c[0] == 64]
-    return [dict(zip(TILE_OPTIONS, c, strict=True)) for c in space]
+    return [dict(zip(TILE_KEYS, c, strict=True)) for c in space]
 
 
 def _set_block_shapes(nargs):
@@ -260,7 +258,7 @@ def tuned_config(D: int, dtype: torch.dtype, N: int, H: int, causal: bool, use_t
 JIT_KERNELS = (attn_kernel_fast,)
 
 
-def default_options(dtype: torch.dtype, D: int, mode: str | None = None, causal: bool = False) -> dict:
+def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
     """Launch options of ``fast``. On a GPU: autotuned tiles, TMA where the GPU has it (Hopper).
 
     ``fast_exp``, ``prefetch_scores`` and ``warp_specialize`` are off: each was measured on an H200
@@ -270,7 +268,7 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None, causal:
         return dict(block_m=64, block_n=64, num_warps=4, num_stages=1, input_precision="ieee", autotune=False,
                     use_tma=False, fast_exp=False, warp_specialize=False, prefetch_scores=False)
     hopper = runtime.HAS_GPU and torch.cuda.get_device_capability()[0] >= 9
-    tiles = tuning_configs(D if D in TUNING_SPACE else 64, dtype)[0]
+    tiles = tuning_configs(D, dtype)[0]
     return dict(tiles, input_precision="ieee", autotune=True, use_tma=hopper, fast_exp=False,
                 warp_specialize=False, prefetch_scores=False)
 
@@ -295,9 +293,9 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
                                             head_dims=HEAD_DIMS)
     if not isinstance(return_lse, bool):
         raise TypeError(f"fast: return_lse must be True or False, got {return_lse!r}")
-    opts = resolve_options("fast", options, default_options(q.dtype, D, causal=causal), q.dtype)
+    opts = resolve_options("fast", options, default_options(q.dtype, D), q.dtype)
     # explicit tiles switch autotuning off (unless it is asked for explicitly)
-    autotune = options.get("autotune", opts["autotune"] and not any(t in options for t in TILE_OPTIONS))
+    autotune = options.get("autotune", opts["autotune"] and not any(t in options for t in TILE_KEYS))
     if autotune and runtime.MODE != "gpu":
         raise ValueError("fast: autotune needs a GPU (triton.autotune times the candidates)")
     if opts["fast_exp"] and q.dtype == torch.float32:
@@ -314,7 +312,7 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
     # Once autotuning has picked tiles for a problem, later calls launch the kernel with them directly:
     # the autotuner's own bookkeeping costs tens of microseconds per call, as much as a short kernel.
     pick_key = (D, q.dtype, N, H, causal, opts["use_tma"])
-    tiles = _picked.get(pick_key) if autotune else {t: opts[t] for t in TILE_OPTIONS}
+    tiles = _picked.get(pick_key) if autotune else {t: opts[t] for t in TILE_KEYS}
     block_m, block_n = (tiles["block_m"], tiles["block_n"]) if tiles else (opts["block_m"], opts["block_n"])
     if opts["use_tma"]:  # the descriptors view each input as one (B·H·N, D) matrix
         # TMA wants 16-byte aligned rows and base addresses: copy inputs that are not
