@@ -39,8 +39,7 @@ def fast_vs_sdpa() -> dict:
 def _ablation_steps(D: int, final: dict) -> list[tuple[str, str, dict, bool]]:
     """(label, variant, options, kept) from v2 to fast, one change at a time; then what was tried."""
     dtype = getattr(torch, ABLATION["dtype"])
-    plain = dict(launch_tiles("v2", dtype, D), use_tma=False, fast_exp=False, prefetch_scores=False,
-                 warp_specialize=False)
+    plain = dict(launch_tiles("v2", dtype, D), use_tma=False)
     return [
         ("v2 (notebook 04)", "v2", {}, True),
         ("+ exp2, log2(e) folded into the scale", "v2", {"use_exp2": True}, True),
@@ -50,6 +49,7 @@ def _ablation_steps(D: int, final: dict) -> list[tuple[str, str, dict, bool]]:
         ("tried: + packed 16-bit exp2", "fast", dict(final, fast_exp=True), False),
         ("tried: + next scores issued before the softmax", "fast", dict(final, prefetch_scores=True), False),
         ("tried: + warp specialization", "fast", dict(final, warp_specialize=True), False),
+        ("tried: + lazy rescaling", "fast", dict(final, lazy_rescale=True), False),
     ]
 
 

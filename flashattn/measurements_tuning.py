@@ -98,6 +98,10 @@ def _compiled_rows(variants) -> list[dict]:
                     fn(q, k, v, **p["options"])
                     torch.cuda.synchronize()
                 ms = time_ms(functools.partial(fn, q, k, v, **p["options"]), warmup=5, rep=20)
+                if variant == "fast":  # the tiles autotuning chose, not the first of its space
+                    from .kernels.fast import tuned_config
+
+                    base.update(tuned_config(D, dtype, p["N"], p["H"], False) or {})
                 for jit in jits:
                     for kernel in compiled_kernels(jit):
                         facts = kernel_facts(kernel)

@@ -31,6 +31,21 @@ def test_output_and_log_sum_exp(N, causal, dtype):
     assert (lse.double() - reference_lse(q, k, v, causal)).abs().max().item() < 1e-4
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("N", [100, 300])
+def test_lazy_rescaling_gives_the_same_result(N, causal):
+    q, k, v = qkv(2, 2, N, 32, torch.float32, seed=N)
+    q = q * 4  # a wide spread of scores: row maxima keep growing from block to block
+    eager, lse_eager = attention_fast(q, k, v, causal=causal, return_lse=True, block_m=32, block_n=16)
+    lazy, lse_lazy = attention_fast(q, k, v, causal=causal, return_lse=True, block_m=32, block_n=16,
+                                    lazy_rescale=True)
+    ref = reference(q, k, v, causal=causal)
+    assert rel_error(lazy, ref) < TOL[torch.float32]
+    assert rel_error(lazy, eager.double()) < TOL[torch.float32]
+    assert (lse_lazy.double() - reference_lse(q, k, v, causal)).abs().max().item() < 1e-4
+    assert (lse_lazy - lse_eager).abs().max().item() < 1e-4
+
+
 def test_bad_options_are_refused():
     q, k, v = qkv(1, 1, 8, 32, torch.float32, seed=0)
     with pytest.raises(TypeError, match="return_lse"):
@@ -41,14 +56,24 @@ def test_bad_options_are_refused():
         attention_fast(q, k, v, causal=True, block_m=16, block_n=32)
     with pytest.raises(TypeError, match="unknown option"):
         attention_fast(q, k, v, block_k=32)
+    for cap in (True, 8, 300, 128.0):
+        with pytest.raises(ValueError, match="maxnreg"):
+            attention_fast(q, k, v, maxnreg=cap)
+    # checked options are remembered per call signature: a bad value must still fail the second time,
+    # and True must not pass for the 1 it equals
+    attention_fast(q, k, v, block_m=16, block_n=16, num_stages=1)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="num_stages"):
+            attention_fast(q, k, v, block_m=16, block_n=16, num_stages=True)
 
 
 @INTERPRETER
-@pytest.mark.parametrize("option", ["use_tma", "warp_specialize", "autotune"])
+@pytest.mark.parametrize("option", [{"use_tma": True}, {"warp_specialize": True}, {"autotune": True},
+                                    {"maxnreg": 128}], ids=str)
 def test_gpu_only_options_are_refused_in_the_interpreter(option):
     q, k, v = qkv(1, 1, 8, 32, torch.float16, seed=0)
     with pytest.raises(ValueError, match="GPU"):
-        attention_fast(q, k, v, **{option: True})
+        attention_fast(q, k, v, **option)
 
 
 def test_tuning_space_is_valid():
@@ -56,6 +81,8 @@ def test_tuning_space_is_valid():
         for dtype in (torch.float16, torch.float32):
             configs = tuning_configs(D, dtype)
             assert configs and all(c["block_m"] >= 16 and c["block_n"] >= 16 for c in configs)
+            assert all(c["maxnreg"] is None or 24 <= c["maxnreg"] <= 255 for c in configs)
+            assert any(c["block_n"] <= c["block_m"] for c in configs), "causal needs a config with block_n <= block_m"
 
 
 @GPU
@@ -86,7 +113,21 @@ def test_float32_and_other_head_dims_on_gpu(D, precision):
 
 
 @GPU
-@pytest.mark.parametrize("option", ["use_tma", "fast_exp", "prefetch_scores", "warp_specialize"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_tuning_config_on_gpu(D, causal):
+    """Each configuration autotuning may pick compiles, fits the SM and is right (odd N, bf16)."""
+    q, k, v = qkv(2, 2, 300, D, torch.bfloat16, seed=D)
+    ref = reference(q, k, v, causal=causal)
+    for config in tuning_configs(D, torch.bfloat16):
+        if causal and config["block_n"] > config["block_m"]:
+            continue
+        out = attention_fast(q, k, v, causal=causal, **config)
+        assert rel_error(out, ref) < TOL[torch.bfloat16], config
+
+
+@GPU
+@pytest.mark.parametrize("option", ["use_tma", "fast_exp", "prefetch_scores", "warp_specialize", "lazy_rescale"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_every_switch_on_gpu(option, dtype):
     q, k, v = qkv(1, 2, 300, 64, dtype, seed=3, contiguous=False)

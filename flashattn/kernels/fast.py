@@ -15,7 +15,12 @@ measure them one at a time:
 * ``FAST_EXP``: ``exp2`` computed on packed 16-bit pairs (``ex2.approx.f16x2`` / ``.bf16x2``): the
   special-function unit does two per instruction. P is rounded to 16 bits for the second product
   anyway, so only the exponent's argument loses precision (about 2^-11 relative for fp16).
-* ``WARP_SPECIALIZE``: Triton splits the loop between producer warps (loads) and consumer warps.
+* ``WARP_SPECIALIZE``: Triton splits the loop between producer warps (loads) and consumer warps
+  (on Hopper only with descriptors made in the kernel, so this switch makes them there).
+* ``LAZY_RESCALE``: rescale ``acc`` only when a row's max has grown a lot (FlashAttention-4).
+* ``PREFETCH_SCORES``: issue the next block's ``qi · kjᵀ`` before this block's softmax.
+
+Launch side: ``maxnreg`` caps the registers per thread, so that two programs fit on one SM.
 
 It also returns the log-sum-exp of every row (natural log), which a backward pass needs.
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import runtime
 from ..validate import TILE_KEYS, check_kernel_inputs, resolve_options
@@ -68,7 +74,8 @@ def _exp2(x, DTYPE: tl.constexpr, FAST_EXP: tl.constexpr):
 @triton.jit
 def _update(acc, li, mi, sij, V, kv_row0, start_n, offs_m, N, stride_vn, stride_vd, qk_scale,
             BLOCK_N: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-            USE_TMA: tl.constexpr, FAST_EXP: tl.constexpr, PRECISION: tl.constexpr):
+            USE_TMA: tl.constexpr, FAST_EXP: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+            PRECISION: tl.constexpr):
     """One key block's online-softmax step, given its raw scores ``sij = qi · kjᵀ``."""
     if MASK:
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -78,22 +85,35 @@ def _update(acc, li, mi, sij, V, kv_row0, start_n, offs_m, N, stride_vn, stride_
         sij = tl.where(keep, sij * qk_scale, float("-inf"))
         mi_new = tl.maximum(mi, tl.max(sij, 1))
         sij = sij - mi_new[:, None]
+        alpha = tl.exp2(mi - mi_new)
+        acc, li, mi = acc * alpha[:, None], li * alpha, mi_new
+    elif LAZY_RESCALE:
+        # Rescale only when some row's max has grown by more than 8 (a factor 2**8) since the last
+        # rescale; otherwise keep the old max, and pij may reach 2**8, which 16 bits hold as well
+        # as 1. The final acc / li is the same either way (FlashAttention-4's trick).
+        m_blk = tl.max(sij, 1) * qk_scale
+        if tl.max(m_blk - mi, 0) > 8.0:
+            mi_new = tl.maximum(mi, m_blk)
+            alpha = tl.exp2(mi - mi_new)
+            acc, li, mi = acc * alpha[:, None], li * alpha, mi_new
+        sij = sij * qk_scale - mi[:, None]
     else:
         mi_new = tl.maximum(mi, tl.max(sij, 1) * qk_scale)
         sij = sij * qk_scale - mi_new[:, None]  # one multiply-add per score
+        alpha = tl.exp2(mi - mi_new)
+        acc, li, mi = acc * alpha[:, None], li * alpha, mi_new
     vj = _load_rows(V, kv_row0, start_n, N, stride_vn, stride_vd, BLOCK_N, D, USE_TMA)
     pij = _exp2(sij, vj.dtype, FAST_EXP)
-    alpha = tl.exp2(mi - mi_new)
-    li = li * alpha + tl.sum(pij.to(tl.float32), 1)
-    acc = tl.dot(pij.to(vj.dtype), vj, acc * alpha[:, None], input_precision=PRECISION)
-    return acc, li, mi_new
+    li = li + tl.sum(pij.to(tl.float32), 1)
+    acc = tl.dot(pij.to(vj.dtype), vj, acc, input_precision=PRECISION)
+    return acc, li, mi
 
 
 @triton.jit
 def _attend(acc, li, mi, qi, K, V, kv_row0, lo, hi, offs_m, N,
             stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
             BLOCK_N: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-            USE_TMA: tl.constexpr, FAST_EXP: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+            USE_TMA: tl.constexpr, FAST_EXP: tl.constexpr, LAZY_RESCALE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
             PRECISION: tl.constexpr, PREFETCH_SCORES: tl.constexpr):
     """The v2 inner loop over key blocks ``lo .. hi``; ``MASK`` for the diagonal and the tail only.
 
@@ -109,18 +129,18 @@ def _attend(acc, li, mi, qi, K, V, kv_row0, lo, hi, offs_m, N,
                 k_next = _load_rows(K, kv_row0, start_n + BLOCK_N, N, stride_kn, stride_kd, BLOCK_N, D, USE_TMA)
                 s_next = tl.dot(qi, tl.trans(k_next), input_precision=PRECISION)
                 acc, li, mi = _update(acc, li, mi, sij, V, kv_row0, start_n, offs_m, N, stride_vn, stride_vd,
-                                      qk_scale, BLOCK_N, D, MASK, CAUSAL, USE_TMA, FAST_EXP, PRECISION)
+                                      qk_scale, BLOCK_N, D, MASK, CAUSAL, USE_TMA, FAST_EXP, LAZY_RESCALE, PRECISION)
                 sij = s_next
             last = lo + ((hi - lo - 1) // BLOCK_N) * BLOCK_N
             acc, li, mi = _update(acc, li, mi, sij, V, kv_row0, last, offs_m, N, stride_vn, stride_vd,
-                                  qk_scale, BLOCK_N, D, MASK, CAUSAL, USE_TMA, FAST_EXP, PRECISION)
+                                  qk_scale, BLOCK_N, D, MASK, CAUSAL, USE_TMA, FAST_EXP, LAZY_RESCALE, PRECISION)
     else:
         for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             kj = _load_rows(K, kv_row0, start_n, N, stride_kn, stride_kd, BLOCK_N, D, USE_TMA)
             sij = tl.dot(qi, tl.trans(kj), input_precision=PRECISION)
             acc, li, mi = _update(acc, li, mi, sij, V, kv_row0, start_n, offs_m, N, stride_vn, stride_vd,
-                                  qk_scale, BLOCK_N, D, MASK, CAUSAL, USE_TMA, FAST_EXP, PRECISION)
+                                  qk_scale, BLOCK_N, D, MASK, CAUSAL, USE_TMA, FAST_EXP, LAZY_RESCALE, PRECISION)
     return acc, li, mi
 
 
@@ -131,10 +151,10 @@ def attn_kernel_fast(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
-    H, N, qk_scale,
+    H, N, ROWS, qk_scale,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    USE_TMA: tl.constexpr, FAST_EXP: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    PRECISION: tl.constexpr, PREFETCH_SCORES: tl.constexpr,
+    USE_TMA: tl.constexpr, FAST_EXP: tl.constexpr, LAZY_RESCALE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    PRECISION: tl.constexpr, PREFETCH_SCORES: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     if CAUSAL:  # the heaviest Q blocks (the last rows) first
@@ -145,8 +165,14 @@ def attn_kernel_fast(
     row0 = pid_bh * N  # the head's first row, with TMA (inputs viewed as (B·H·N, D); int32 coordinates)
 
     if USE_TMA:
-        qi = Q.load([row0 + pid_m * BLOCK_M, 0])
-        k_head, v_head = K, V
+        if WARP_SPECIALIZE:
+            # Triton splits loads from compute on Hopper only with descriptors made in the kernel
+            q_desc = tl.make_tensor_descriptor(Q, shape=[ROWS, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+            k_head = tl.make_tensor_descriptor(K, shape=[ROWS, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+            v_head = tl.make_tensor_descriptor(V, shape=[ROWS, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+        else:
+            q_desc, k_head, v_head = Q, K, V
+        qi = q_desc.load([row0 + pid_m * BLOCK_M, 0])
     else:
         qi = _load_rows(Q + off_b * stride_qb + off_h * stride_qh, 0, pid_m * BLOCK_M, N,
                         stride_qn, stride_qd, BLOCK_M, D, False)
@@ -161,57 +187,60 @@ def attn_kernel_fast(
         # stage 1: key blocks left of the diagonal: every key is visible to every row, no mask
         acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, row0, 0, pid_m * BLOCK_M, offs_m, N,
                               stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
-                              BLOCK_N, D, False, True, USE_TMA, FAST_EXP, WARP_SPECIALIZE, PRECISION,
+                              BLOCK_N, D, False, True, USE_TMA, FAST_EXP, LAZY_RESCALE, WARP_SPECIALIZE, PRECISION,
                               PREFETCH_SCORES)
         # stage 2: the diagonal blocks, masked
         acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, row0, pid_m * BLOCK_M,
                               tl.minimum((pid_m + 1) * BLOCK_M, N), offs_m, N,
                               stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
-                              BLOCK_N, D, True, True, USE_TMA, FAST_EXP, WARP_SPECIALIZE, PRECISION,
+                              BLOCK_N, D, True, True, USE_TMA, FAST_EXP, LAZY_RESCALE, WARP_SPECIALIZE, PRECISION,
                               PREFETCH_SCORES)
     else:
         n_full = (N // BLOCK_N) * BLOCK_N
         acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, row0, 0, n_full, offs_m, N,
                               stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
-                              BLOCK_N, D, False, False, USE_TMA, FAST_EXP, WARP_SPECIALIZE, PRECISION,
+                              BLOCK_N, D, False, False, USE_TMA, FAST_EXP, LAZY_RESCALE, WARP_SPECIALIZE, PRECISION,
                               PREFETCH_SCORES)
         # the ragged tail (empty when BLOCK_N divides N): keys past N masked
         acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, row0, n_full, N, offs_m, N,
                               stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
-                              BLOCK_N, D, True, False, USE_TMA, FAST_EXP, WARP_SPECIALIZE, PRECISION,
+                              BLOCK_N, D, True, False, USE_TMA, FAST_EXP, LAZY_RESCALE, WARP_SPECIALIZE, PRECISION,
                               PREFETCH_SCORES)
 
     acc = acc / li[:, None]
     row_ok = offs_m < N
     o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
-    # log-sum-exp in natural units: mi and log2(li) are in base 2
-    tl.store(LSE + pid_bh.to(tl.int64) * N + offs_m, (mi + tl.log2(li)) * 0.6931471805599453, mask=row_ok)
+    if STORE_LSE:  # log-sum-exp in natural units: mi and log2(li) are in base 2
+        tl.store(LSE + pid_bh.to(tl.int64) * N + offs_m, (mi + tl.log2(li)) * 0.6931471805599453, mask=row_ok)
 
 
 # --- launch options and autotuning -------------------------------------------------------------
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
-# The pruned search space of triton.autotune, per head dimension: (BLOCK_M, BLOCK_N, warps, stages).
-# BLOCK_M = 128 keeps two warpgroups' worth of rows against every K/V tile; deeper pipelines (more
-# stages) hide the loads; D = 256 needs smaller tiles to fit registers and shared memory.
+# The pruned search space of triton.autotune, per head dimension: (BLOCK_M, BLOCK_N, warps, stages,
+# register cap or None). Measured on the H200 (notebook 09): what pays is two programs per SM, so that
+# one program's softmax runs while the other's matrix products keep the tensor cores busy. Small
+# 64-row, 4-warp programs get there with room to spare; 128-row, 8-warp programs need their
+# registers capped at 128 per thread (2 x 256 threads x 128 = the SM's 65536). D = 256 needs smaller
+# tiles to fit registers and shared memory.
 TUNING_SPACE = {
     16: [(128, 64, 4, 3), (128, 128, 4, 3), (64, 64, 4, 3)],
     32: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
-    64: [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3)],
-    128: [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3)],
+    64: [(64, 128, 4, 2), (64, 64, 4, 3), (64, 64, 4, 2), (128, 128, 8, 3, 128), (128, 64, 8, 3)],
+    128: [(128, 64, 8, 2, 128), (128, 64, 4, 2), (64, 64, 4, 3), (128, 128, 8, 3)],
     256: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2)],
 }
 FLOAT32_SPACE = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2)]
 
 
 def tuning_configs(D: int, dtype: torch.dtype) -> list[dict]:
-    """The configurations autotuning tries for head dimension ``D`` (as option dicts)."""
+    """The configurations autotuning tries for head dimension ``D`` (as option dicts, with ``maxnreg``)."""
     space = FLOAT32_SPACE if dtype == torch.float32 else TUNING_SPACE[D]
     if dtype == torch.float32 and D == 256:
         space = [c for c in space if c[0] == 64]
-    return [dict(zip(TILE_KEYS, c, strict=True)) for c in space]
+    return [dict(zip(TILE_KEYS, c[:4], strict=True), maxnreg=c[4] if len(c) > 4 else None) for c in space]
 
 
 def _set_block_shapes(nargs):
@@ -236,7 +265,7 @@ def _tuned_kernel(D: int, dtype: torch.dtype):
     key = (D, dtype)
     if key not in _tuned_kernels:
         configs = [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"]}, num_warps=c["num_warps"],
-                                 num_stages=c["num_stages"], pre_hook=_set_block_shapes)
+                                 num_stages=c["num_stages"], maxnreg=c["maxnreg"], pre_hook=_set_block_shapes)
                    for c in tuning_configs(D, dtype)]
         _tuned_kernels[key] = triton.autotune(configs, key=["N", "H", "CAUSAL", "USE_TMA"],
                                               prune_configs_by={"early_config_prune": _prune})(attn_kernel_fast)
@@ -251,7 +280,7 @@ def tuned_config(D: int, dtype: torch.dtype, N: int, H: int, causal: bool, use_t
     for key, config in tuner.cache.items():
         if tuple(key[:4]) == (N, H, causal, use_tma):
             return {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"],
-                    "num_warps": config.num_warps, "num_stages": config.num_stages}
+                    "num_warps": config.num_warps, "num_stages": config.num_stages, "maxnreg": config.maxnreg}
     return None
 
 
@@ -261,23 +290,63 @@ JIT_KERNELS = (attn_kernel_fast,)
 def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
     """Launch options of ``fast``. On a GPU: autotuned tiles, TMA where the GPU has it (Hopper).
 
-    ``fast_exp``, ``prefetch_scores`` and ``warp_specialize`` are off: each was measured on an H200
-    and did not pay (notebook 09 shows the numbers).
+    ``fast_exp``, ``lazy_rescale``, ``prefetch_scores`` and ``warp_specialize`` are off: each was
+    measured on an H200 and did not pay (notebook 09 shows the numbers). ``maxnreg`` (a register cap)
+    is None unless autotuning picks a configuration with one.
     """
+    switches = dict(fast_exp=False, lazy_rescale=False, warp_specialize=False, prefetch_scores=False, maxnreg=None)
     if (mode or runtime.MODE) == "interpreter":
         return dict(block_m=64, block_n=64, num_warps=4, num_stages=1, input_precision="ieee", autotune=False,
-                    use_tma=False, fast_exp=False, warp_specialize=False, prefetch_scores=False)
+                    use_tma=False, **switches)
     hopper = runtime.HAS_GPU and torch.cuda.get_device_capability()[0] >= 9
     tiles = tuning_configs(D, dtype)[0]
-    return dict(tiles, input_precision="ieee", autotune=True, use_tma=hopper, fast_exp=False,
-                warp_specialize=False, prefetch_scores=False)
+    return {**tiles, "input_precision": "ieee", "autotune": True, "use_tma": hopper, **switches}
 
 
 def _descriptor(x: torch.Tensor, block_rows: int):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
+    """A TMA descriptor over contiguous ``x`` (B, H, N, D) seen as one (B·H·N, D) matrix, in (block_rows, D) tiles."""
     B, H, N, D = x.shape
-    return TensorDescriptor.from_tensor(x.view(B * H * N, D), [block_rows, D])
+    return TensorDescriptor(x, shape=[B * H * N, D], strides=[D, 1], block_shape=[block_rows, D])
+
+
+def _descriptor_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _check_options(dtype: torch.dtype, D: int, causal: bool, options: dict) -> tuple[dict, bool]:
+    """The launch options after defaults, and whether to autotune; bad options raise."""
+    opts = resolve_options("fast", options, default_options(dtype, D), dtype)
+    # explicit tiles switch autotuning off (unless it is asked for explicitly)
+    autotune = options.get("autotune", opts["autotune"] and not any(t in options for t in (*TILE_KEYS, "maxnreg")))
+    cap = opts["maxnreg"]
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 24 <= cap <= 255):
+        raise ValueError(f"fast: maxnreg must be None or an integer from 24 to 255 (registers per thread), got {cap!r}")
+    if autotune and runtime.MODE != "gpu":
+        raise ValueError("fast: autotune needs a GPU (triton.autotune times the candidates)")
+    if opts["fast_exp"] and dtype == torch.float32:
+        raise ValueError("fast: fast_exp computes exp2 on 16-bit pairs; it applies to float16/bfloat16 only")
+    if (opts["use_tma"] or opts["fast_exp"] or opts["warp_specialize"] or opts["maxnreg"]) and runtime.MODE != "gpu":
+        raise ValueError("fast: use_tma, fast_exp, warp_specialize and maxnreg need a GPU (the interpreter has no "
+                         "TMA, no inline PTX and no registers to cap)")
+    if not autotune and opts["block_n"] > opts["block_m"] and causal:
+        raise ValueError(f"fast: causal needs block_n <= block_m, got {opts['block_n']} > {opts['block_m']}")
+    return opts, autotune
+
+
+_resolved_cache: dict = {}
+
+
+def _resolved(dtype: torch.dtype, D: int, causal: bool, options: dict) -> tuple[dict, bool]:
+    """:func:`_check_options`, remembered per distinct call: checking costs as much as a short kernel."""
+    try:
+        key = (runtime.MODE, dtype, D, causal, tuple(sorted((k, type(v), v) for k, v in options.items())))
+        hash(key)
+    except TypeError:  # an unhashable option value: check it the slow way (and let it raise)
+        return _check_options(dtype, D, causal, options)
+    if key not in _resolved_cache:
+        _resolved_cache[key] = _check_options(dtype, D, causal, options)
+    opts, autotune = _resolved_cache[key]
+    return dict(opts), autotune
 
 
 def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **options):
@@ -287,44 +356,39 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
     Options: ``autotune`` (GPU default: triton.autotune over :data:`TUNING_SPACE`; giving any tile
     option turns it off), block_m, block_n, num_warps, num_stages, input_precision (float32 only:
     "ieee" by default as for every variant, or "tf32" for the tensor cores), use_tma, fast_exp
-    (16-bit only), prefetch_scores, warp_specialize.
+    (16-bit only), lazy_rescale, prefetch_scores, warp_specialize, maxnreg (a cap on registers per
+    thread, like the tiles an explicit choice that turns autotuning off).
     """
     B, H, N, D, scale = check_kernel_inputs(q, k, v, variant="fast", causal=causal, scale=scale,
                                             head_dims=HEAD_DIMS)
     if not isinstance(return_lse, bool):
         raise TypeError(f"fast: return_lse must be True or False, got {return_lse!r}")
-    opts = resolve_options("fast", options, default_options(q.dtype, D), q.dtype)
-    # explicit tiles switch autotuning off (unless it is asked for explicitly)
-    autotune = options.get("autotune", opts["autotune"] and not any(t in options for t in TILE_KEYS))
-    if autotune and runtime.MODE != "gpu":
-        raise ValueError("fast: autotune needs a GPU (triton.autotune times the candidates)")
-    if opts["fast_exp"] and q.dtype == torch.float32:
-        raise ValueError("fast: fast_exp computes exp2 on 16-bit pairs; it applies to float16/bfloat16 only")
-    if (opts["use_tma"] or opts["fast_exp"] or opts["warp_specialize"]) and runtime.MODE != "gpu":
-        raise ValueError("fast: use_tma, fast_exp and warp_specialize need a GPU (the interpreter has no TMA "
-                         "and no inline PTX)")
-    if not autotune and opts["block_n"] > opts["block_m"] and causal:
-        raise ValueError(f"fast: causal needs block_n <= block_m, got {opts['block_n']} > {opts['block_m']}")
+    opts, autotune = _resolved(q.dtype, D, causal, options)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device) if return_lse else o  # o: unused then
     if opts["use_tma"] and B * H * N >= 2**31:
         raise ValueError(f"fast: use_tma addresses rows with 32-bit coordinates; B·H·N = {B * H * N} is too large")
     # Once autotuning has picked tiles for a problem, later calls launch the kernel with them directly:
     # the autotuner's own bookkeeping costs tens of microseconds per call, as much as a short kernel.
     pick_key = (D, q.dtype, N, H, causal, opts["use_tma"])
-    tiles = _picked.get(pick_key) if autotune else {t: opts[t] for t in TILE_KEYS}
+    tiles = _picked.get(pick_key) if autotune else {t: opts[t] for t in (*TILE_KEYS, "maxnreg")}
     block_m, block_n = (tiles["block_m"], tiles["block_n"]) if tiles else (opts["block_m"], opts["block_n"])
     if opts["use_tma"]:  # the descriptors view each input as one (B·H·N, D) matrix
         # TMA wants 16-byte aligned rows and base addresses: copy inputs that are not
         q, k, v = (x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
                    for x in (q, k, v))
-        q_arg, k_arg, v_arg = _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n)
+        if opts["warp_specialize"]:  # the kernel makes its descriptors: they need a little global scratch
+            triton.set_allocator(_descriptor_scratch)
+            q_arg, k_arg, v_arg = q, k, v
+        else:
+            q_arg, k_arg, v_arg = _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n)
     else:
         q_arg, k_arg, v_arg = q, k, v
     constexprs = dict(D=D, CAUSAL=causal, USE_TMA=opts["use_tma"], FAST_EXP=opts["fast_exp"],
-                      WARP_SPECIALIZE=opts["warp_specialize"], PREFETCH_SCORES=opts["prefetch_scores"],
+                      LAZY_RESCALE=opts["lazy_rescale"],
+                      WARP_SPECIALIZE=opts["warp_specialize"], PREFETCH_SCORES=opts["prefetch_scores"], STORE_LSE=return_lse,
                       PRECISION=opts["input_precision"] if q.dtype == torch.float32 else "tf32")
-    args = (q_arg, k_arg, v_arg, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), H, N, scale * LOG2_E)
+    args = (q_arg, k_arg, v_arg, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), H, N, B * H * N, scale * LOG2_E)
     if tiles is None:  # first call for this problem: autotune (the pre-hook sets the descriptors' tiles)
         kernel = _tuned_kernel(D, q.dtype)
         kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)](*args, **constexprs)
@@ -332,5 +396,6 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
     else:
         grid = (triton.cdiv(N, block_m), B * H)
         attn_kernel_fast[grid](*args, BLOCK_M=block_m, BLOCK_N=block_n, **constexprs,
-                               num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
+                               num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+                               **({"maxnreg": tiles["maxnreg"]} if tiles["maxnreg"] else {}))
     return (o, lse) if return_lse else o
