@@ -22,6 +22,7 @@ from . import runtime, tuning
 from .bench import attention_flops, time_ms
 from .exercises._check import rel_error
 from .kernels import VARIANTS, launch_tiles
+from .kernels.fast import tuned_config
 from .measurements import device_properties
 from .occupancy import SMLimits, occupancy
 from .profile import NcuUnavailable, compiled_kernels, kernel_facts, kernel_resources, ncu_profile
@@ -99,8 +100,6 @@ def _compiled_rows(variants) -> list[dict]:
                     torch.cuda.synchronize()
                 ms = time_ms(functools.partial(fn, q, k, v, **p["options"]), warmup=5, rep=20)
                 if variant == "fast":  # the tiles autotuning chose, not the first of its space
-                    from .kernels.fast import tuned_config
-
                     base.update(tuned_config(D, dtype, p["N"], p["H"], False) or {})
                 for jit in jits:
                     for kernel in compiled_kernels(jit):
