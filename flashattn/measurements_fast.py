@@ -37,15 +37,18 @@ def fast_vs_sdpa() -> dict:
 
 
 def _ablation_steps(D: int, final: dict) -> list[tuple[str, str, dict, bool]]:
-    """(label, variant, options, kept) from v2 to fast, one change at a time; then what was tried."""
+    """(label, variant, options, kept) from v2 to fast, one change at a time; then what was tried.
+    ``final``: the tiles autotuning picked for the Triton kernel, which the tried switches start from."""
     dtype = getattr(torch, ABLATION["dtype"])
-    plain = dict(launch_tiles("v2", dtype, D), use_tma=False)
+    plain = dict(launch_tiles("v2", dtype, D), use_tma=False, gluon=False)
     return [
         ("v2 (notebook 04)", "v2", {}, True),
         ("+ exp2, log2(e) folded into the scale", "v2", {"use_exp2": True}, True),
         ("fast kernel, pointer loads, v2's tiles", "fast", plain, True),
         ("+ TMA tensor descriptors", "fast", dict(plain, use_tma=True), True),
-        ("+ autotuned tiles (= fast)", "fast", {}, True),
+        ("+ autotuned tiles (Triton kernel)", "fast", {"gluon": False}, True),
+        ("Gluon kernel, async wgmma, no overlap", "fast", {"gluon": True, "overlap": False}, True),
+        ("+ softmax overlaps the previous p·v (= fast)", "fast", {}, True),
         ("tried: + packed 16-bit exp2", "fast", dict(final, fast_exp=True), False),
         ("tried: + next scores issued before the softmax", "fast", dict(final, prefetch_scores=True), False),
         ("tried: + warp specialization", "fast", dict(final, warp_specialize=True), False),
@@ -63,8 +66,8 @@ def fast_ablation() -> dict:
         for causal in (False, True):
             flops = bench.attention_flops(B, H, N, D, causal)
             sdpa_ms = bench.time_ms(functools.partial(bench.sdpa, q, k, v, causal=causal))
-            VARIANTS["fast"](q, k, v, causal=causal)  # autotune first: the tried options build on its pick
-            final = tuned_config(D, dtype, N, H, causal)
+            VARIANTS["fast"](q, k, v, causal=causal, gluon=False)  # autotune first: the tried switches build on it
+            final = tuned_config(D, dtype, N, H, causal, gluon=False)
             ref = reference(q[sl], k[sl], v[sl], causal=causal)
             for label, variant, options, kept in _ablation_steps(D, final):
                 row = {"D": D, "causal": causal, "step": label, "variant": variant, "options": options,

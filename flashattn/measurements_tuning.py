@@ -105,6 +105,8 @@ def _compiled_rows(variants) -> list[dict]:
                     for kernel in compiled_kernels(jit):
                         facts = kernel_facts(kernel)
                         facts["instructions"] = tuning.instruction_summary(facts.get("sass_counts", {}))
+                        if base.get("gluon"):  # Gluon pipelines by hand: its stages are the K/V ring's (STAGES)
+                            facts.pop("num_stages", None)
                         rows.append({**base, "kernel": tuning.kernel_name(jit), **facts,
                                      "occupancy": _occupancy(facts, limits), "ms": ms,
                                      "tflops": attention_flops(p["B"], p["H"], p["N"], D) / (ms * 1e-3) / 1e12})

@@ -5,9 +5,10 @@ import torch
 from helpers import TOL, qkv, rel_error
 
 from flashattn import VARIANTS, reference, runtime
-from flashattn.kernels.fast import attention_fast, tuning_configs
+from flashattn.kernels.fast import GLUON_SPACE, attention_fast, gluon_available, tuning_configs
 
 GPU = pytest.mark.skipif(runtime.MODE != "gpu", reason="needs a GPU")
+HOPPER = pytest.mark.skipif(not gluon_available(torch.float16, 64), reason="needs a Hopper GPU and Triton's Gluon")
 INTERPRETER = pytest.mark.skipif(runtime.MODE != "interpreter", reason="interpreter-mode behaviour")
 TF32_TOL = 3e-3  # TF32 keeps 10 mantissa bits, like float16
 
@@ -69,7 +70,7 @@ def test_bad_options_are_refused():
 
 @INTERPRETER
 @pytest.mark.parametrize("option", [{"use_tma": True}, {"warp_specialize": True}, {"autotune": True},
-                                    {"maxnreg": 128}], ids=str)
+                                    {"maxnreg": 128}, {"gluon": True}], ids=str)
 def test_gpu_only_options_are_refused_in_the_interpreter(option):
     q, k, v = qkv(1, 1, 8, 32, torch.float16, seed=0)
     with pytest.raises(ValueError, match="GPU"):
@@ -83,6 +84,13 @@ def test_tuning_space_is_valid():
             assert configs and all(c["block_m"] >= 16 and c["block_n"] >= 16 for c in configs)
             assert all(c["maxnreg"] is None or 24 <= c["maxnreg"] <= 255 for c in configs)
             assert any(c["block_n"] <= c["block_m"] for c in configs), "causal needs a config with block_n <= block_m"
+    for D in GLUON_SPACE:
+        for c in tuning_configs(D, torch.bfloat16, gluon=True):
+            assert c["num_warps"] % 4 == 0, "wgmma needs whole warpgroups"
+            assert c["block_m"] == 16 * c["num_warps"] or c["block_m"] == 32 * c["num_warps"], c
+            assert c["num_stages"] >= 1
+    with pytest.raises(ValueError, match="Gluon"):
+        tuning_configs(32, torch.float16, gluon=True)
 
 
 @GPU
@@ -122,8 +130,41 @@ def test_every_tuning_config_on_gpu(D, causal):
     for config in tuning_configs(D, torch.bfloat16):
         if causal and config["block_n"] > config["block_m"]:
             continue
-        out = attention_fast(q, k, v, causal=causal, **config)
+        out = attention_fast(q, k, v, causal=causal, gluon=False, **config)
         assert rel_error(out, ref) < TOL[torch.bfloat16], config
+
+
+@HOPPER
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_every_gluon_config_on_gpu(D, causal, dtype):
+    """Each Gluon configuration, odd N (the ragged tail and the diagonal masks), output and log-sum-exp."""
+    for N in (1, 17, 100, 1000):
+        q, k, v = qkv(2, 3, N, D, dtype, seed=N + D, contiguous=N != 100)
+        ref, ref_lse = reference(q, k, v, causal=causal), reference_lse(q, k, v, causal)
+        for config in tuning_configs(D, dtype, gluon=True):
+            out, lse = attention_fast(q, k, v, causal=causal, return_lse=True, gluon=True, **config)
+            assert rel_error(out, ref) < TOL[dtype], (N, config)
+            assert (lse.double() - ref_lse).abs().max().item() < 1e-3, (N, config)
+
+
+@HOPPER
+def test_gluon_is_the_default_on_hopper_and_gives_way_to_triton_options():
+    q, k, v = qkv(1, 2, 64, 64, torch.float16, seed=1)
+    from flashattn.kernels import default_options
+    assert default_options("fast", torch.float16, 64)["gluon"] is True
+    assert default_options("fast", torch.float32, 64)["gluon"] is False
+    assert default_options("fast", torch.float16, 32)["gluon"] is False
+    ref = reference(q, k, v)
+    tiles = dict(block_m=32, block_n=32, num_warps=4, num_stages=2)
+    for option in ({"fast_exp": True}, {"prefetch_scores": True}, {"use_tma": False}, {"maxnreg": 128}, tiles):
+        with pytest.raises(ValueError, match="gluon=False"):
+            attention_fast(q, k, v, gluon=True, **option)
+        # without gluon=True, the default gives way: the Triton kernel runs these
+        assert rel_error(attention_fast(q, k, v, **option), ref) < TOL[torch.float16], option
+    with pytest.raises(ValueError, match="Gluon"):
+        attention_fast(q.float(), k.float(), v.float(), gluon=True)
 
 
 @GPU
@@ -134,5 +175,5 @@ def test_every_switch_on_gpu(option, dtype):
     tiles = dict(block_m=128, block_n=64, num_warps=8, num_stages=3)
     for value in (False, True):
         extra = {} if option == "use_tma" else {"use_tma": True}
-        out = attention_fast(q, k, v, causal=True, **tiles, **extra, **{option: value})
+        out = attention_fast(q, k, v, causal=True, gluon=False, **tiles, **extra, **{option: value})
         assert rel_error(out, reference(q, k, v, causal=True)) < TOL[dtype], f"{option}={value}"

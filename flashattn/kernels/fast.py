@@ -22,6 +22,11 @@ measure them one at a time:
 
 Launch side: ``maxnreg`` caps the registers per thread, so that two programs fit on one SM.
 
+``gluon`` (the default on Hopper for 16-bit inputs and D = 64 or 128): the same loop written in Gluon
+(``fast_gluon.py``), which issues the tensor-core products asynchronously and overlaps one block's
+softmax with the previous block's ``p · v`` (FlashAttention-3's intra-warpgroup overlap). The switches
+above belong to the Triton kernel (``gluon=False``).
+
 It also returns the log-sum-exp of every row (natural log), which a backward pass needs.
 
 The interpreter (CPU) runs the same kernel with plain pointer loads and ``tl.exp2``.
@@ -36,6 +41,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import runtime
 from ..validate import TILE_KEYS, check_kernel_inputs, resolve_options
+
+try:  # Gluon, Triton's lower-level language, is in recent releases only; without it, fast uses the Triton kernel
+    from . import fast_gluon
+except ImportError:
+    fast_gluon = None
 
 LOG2_E = 1.4426950408889634
 
@@ -234,9 +244,30 @@ TUNING_SPACE = {
 }
 FLOAT32_SPACE = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2)]
 
+# The Gluon kernel's space (stages = K/V ring slots). Measured on the H200: one warpgroup (4 warps) per
+# program and two or three programs per SM. D=128 non-causal keeps 128 rows per warpgroup (nearly the
+# whole register budget of a thread, still two programs per SM); causal prefers 64 rows, with a one-slot
+# ring where two slots would leave shared memory for only one program. D=64 prefers 64 rows, 128 keys.
+GLUON_SPACE = {
+    64: [(64, 128, 4, 2), (64, 128, 4, 1), (64, 64, 4, 2)],
+    128: [(128, 64, 4, 2), (64, 128, 4, 1), (64, 64, 4, 1)],
+}
 
-def tuning_configs(D: int, dtype: torch.dtype) -> list[dict]:
-    """The configurations autotuning tries for head dimension ``D`` (as option dicts, with ``maxnreg``)."""
+
+def gluon_available(dtype: torch.dtype, D: int, mode: str | None = None) -> bool:
+    """Whether the Gluon kernel can run this problem here: a Hopper GPU (sm_90), 16-bit, D = 64 or 128."""
+    return ((mode or runtime.MODE) == "gpu" and fast_gluon is not None and runtime.HAS_GPU
+            and torch.cuda.get_device_capability()[0] == 9
+            and dtype in fast_gluon.DTYPES and D in fast_gluon.HEAD_DIMS)
+
+
+def tuning_configs(D: int, dtype: torch.dtype, gluon: bool = False) -> list[dict]:
+    """The configurations autotuning tries for head dimension ``D`` (as option dicts, with ``maxnreg``),
+    for the Gluon kernel if ``gluon``."""
+    if gluon:
+        if D not in GLUON_SPACE or dtype == torch.float32:
+            raise ValueError(f"fast: the Gluon kernel takes 16-bit inputs and D in {sorted(GLUON_SPACE)}")
+        return [dict(zip(TILE_KEYS, c, strict=True), maxnreg=None) for c in GLUON_SPACE[D]]
     space = FLOAT32_SPACE if dtype == torch.float32 else TUNING_SPACE[D]
     if dtype == torch.float32 and D == 256:
         space = [c for c in space if c[0] == 64]
@@ -257,50 +288,68 @@ def _prune(configs, named_args, **kwargs):
 
 
 _tuned_kernels: dict = {}
-_picked: dict = {}  # (D, dtype, N, H, causal, use_tma) -> tiles autotuning chose
+_picked: dict = {}  # (D, dtype, N, H, causal, use_tma, gluon, overlap) -> tiles autotuning chose
 
 
-def _tuned_kernel(D: int, dtype: torch.dtype):
-    """``attn_kernel_fast`` under ``triton.autotune`` over :func:`tuning_configs` (one per D and dtype)."""
-    key = (D, dtype)
+def _tuned_kernel(D: int, dtype: torch.dtype, gluon: bool = False):
+    """``attn_kernel_fast`` (or the Gluon kernel) under ``triton.autotune`` over :func:`tuning_configs`."""
+    key = (D, dtype, gluon)
     if key not in _tuned_kernels:
-        configs = [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"]}, num_warps=c["num_warps"],
-                                 num_stages=c["num_stages"], maxnreg=c["maxnreg"], pre_hook=_set_block_shapes)
-                   for c in tuning_configs(D, dtype)]
-        _tuned_kernels[key] = triton.autotune(configs, key=["N", "H", "CAUSAL", "USE_TMA"],
-                                              prune_configs_by={"early_config_prune": _prune})(attn_kernel_fast)
+        if gluon:  # the ring depth is the kernel's STAGES; the descriptors' tiles follow the config
+            configs = [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"], "STAGES": c["num_stages"]},
+                                     num_warps=c["num_warps"], pre_hook=fast_gluon.set_block_shapes)
+                       for c in tuning_configs(D, dtype, gluon=True)]
+            _tuned_kernels[key] = triton.autotune(configs, key=["N", "CAUSAL", "OVERLAP"])(fast_gluon.attn_kernel_gluon)
+        else:
+            configs = [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"]}, num_warps=c["num_warps"],
+                                     num_stages=c["num_stages"], maxnreg=c["maxnreg"], pre_hook=_set_block_shapes)
+                       for c in tuning_configs(D, dtype)]
+            _tuned_kernels[key] = triton.autotune(configs, key=["N", "H", "CAUSAL", "USE_TMA"],
+                                                  prune_configs_by={"early_config_prune": _prune})(attn_kernel_fast)
     return _tuned_kernels[key]
 
 
-def tuned_config(D: int, dtype: torch.dtype, N: int, H: int, causal: bool, use_tma: bool = True) -> dict | None:
-    """The configuration autotuning picked for this problem in this process, or None if not tuned yet."""
-    tuner = _tuned_kernels.get((D, dtype))
+def tuned_config(D: int, dtype: torch.dtype, N: int, H: int, causal: bool, use_tma: bool = True,
+                 gluon: bool | None = None, overlap: bool = True) -> dict | None:
+    """The configuration autotuning picked for this problem in this process, or None if not tuned yet.
+    ``gluon``: which kernel's (None: the one ``fast`` uses by default here)."""
+    if gluon is None:
+        gluon = gluon_available(dtype, D)
+    tuner = _tuned_kernels.get((D, dtype, gluon))
     if tuner is None:
         return None
     for key, config in tuner.cache.items():
-        if tuple(key[:4]) == (N, H, causal, use_tma):
+        if gluon and tuple(key[:3]) == (N, causal, overlap):
             return {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"],
-                    "num_warps": config.num_warps, "num_stages": config.num_stages, "maxnreg": config.maxnreg}
+                    "num_warps": config.num_warps, "num_stages": config.kwargs["STAGES"], "maxnreg": None,
+                    "gluon": True}
+        if not gluon and tuple(key[:4]) == (N, H, causal, use_tma):
+            return {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"],
+                    "num_warps": config.num_warps, "num_stages": config.num_stages, "maxnreg": config.maxnreg,
+                    "gluon": False}
     return None
 
 
-JIT_KERNELS = (attn_kernel_fast,)
+JIT_KERNELS = (attn_kernel_fast,) if fast_gluon is None else (attn_kernel_fast, fast_gluon.attn_kernel_gluon)
 
 
 def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
-    """Launch options of ``fast``. On a GPU: autotuned tiles, TMA where the GPU has it (Hopper).
+    """Launch options of ``fast``. On a GPU: autotuned tiles, TMA where the GPU has it (Hopper), and on
+    Hopper for 16-bit inputs with D = 64 or 128 the Gluon kernel (``gluon=True``).
 
-    ``fast_exp``, ``lazy_rescale``, ``prefetch_scores`` and ``warp_specialize`` are off: each was
-    measured on an H200 and did not pay (notebook 09 shows the numbers). ``maxnreg`` (a register cap)
-    is None unless autotuning picks a configuration with one.
+    ``fast_exp``, ``lazy_rescale``, ``prefetch_scores`` and ``warp_specialize`` (switches of the Triton
+    kernel) are off: each was measured on an H200 and did not pay (notebook 09 shows the numbers).
+    ``maxnreg`` (a register cap) is None unless autotuning picks a configuration with one.
     """
-    switches = dict(fast_exp=False, lazy_rescale=False, warp_specialize=False, prefetch_scores=False, maxnreg=None)
+    switches = dict(fast_exp=False, lazy_rescale=False, warp_specialize=False, prefetch_scores=False, maxnreg=None,
+                    overlap=True)
     if (mode or runtime.MODE) == "interpreter":
         return dict(block_m=64, block_n=64, num_warps=4, num_stages=1, input_precision="ieee", autotune=False,
-                    use_tma=False, **switches)
+                    use_tma=False, gluon=False, **switches)
     hopper = runtime.HAS_GPU and torch.cuda.get_device_capability()[0] >= 9
-    tiles = tuning_configs(D, dtype)[0]
-    return {**tiles, "input_precision": "ieee", "autotune": True, "use_tma": hopper, **switches}
+    gluon = gluon_available(dtype, D, mode)
+    tiles = tuning_configs(D, dtype, gluon)[0]
+    return {**tiles, "input_precision": "ieee", "autotune": True, "use_tma": hopper, "gluon": gluon, **switches}
 
 
 def _descriptor(x: torch.Tensor, block_rows: int):
@@ -311,6 +360,18 @@ def _descriptor(x: torch.Tensor, block_rows: int):
 
 def _descriptor_scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _gluon_conflicts(opts: dict) -> list[str]:
+    """The options in ``opts`` that the Gluon kernel cannot honour (empty: it can run them)."""
+    found = [k for k in ("fast_exp", "lazy_rescale", "prefetch_scores", "warp_specialize") if opts[k]]
+    found += ["use_tma=False"] if not opts["use_tma"] else []
+    found += ["maxnreg"] if opts["maxnreg"] is not None else []
+    bm, bn, warps = opts["block_m"], opts["block_n"], opts["num_warps"]
+    if warps % 4 or bm % (16 * warps) or bm > 256 or bn > 256:
+        found.append(f"block_m={bm}, block_n={bn}, num_warps={warps} (it needs whole warpgroups: num_warps a multiple "
+                     "of 4, block_m a multiple of 16·num_warps, tiles of at most 256 rows)")
+    return found
 
 
 def _check_options(dtype: torch.dtype, D: int, causal: bool, options: dict) -> tuple[dict, bool]:
@@ -328,6 +389,22 @@ def _check_options(dtype: torch.dtype, D: int, causal: bool, options: dict) -> t
     if (opts["use_tma"] or opts["fast_exp"] or opts["warp_specialize"] or opts["maxnreg"]) and runtime.MODE != "gpu":
         raise ValueError("fast: use_tma, fast_exp, warp_specialize and maxnreg need a GPU (the interpreter has no "
                          "TMA, no inline PTX and no registers to cap)")
+    if opts["gluon"] and "gluon" not in options and _gluon_conflicts(opts):
+        # the default gives way to options only the Triton kernel has, with the Triton kernel's default tiles
+        opts = resolve_options("fast", options, {**default_options(dtype, D), **tuning_configs(D, dtype)[0],
+                                                  "gluon": False}, dtype)
+    if opts["gluon"]:
+        if not gluon_available(dtype, D):
+            raise ValueError(f"fast: gluon=True needs a Hopper GPU (sm_90) with Triton's Gluon, float16 or bfloat16 "
+                             f"inputs and D in {fast_gluon.HEAD_DIMS if fast_gluon else (64, 128)}; got {dtype}, D={D} "
+                             f"in {runtime.MODE} mode (pass gluon=False for the Triton kernel)")
+        conflicts = _gluon_conflicts(opts)
+        if conflicts:
+            raise ValueError(f"fast: gluon=True cannot run {'; '.join(conflicts)}: those are the Triton kernel's "
+                             "(the Gluon kernel always loads through TMA); pass gluon=False with them")
+        return opts, autotune
+    if not opts["overlap"]:
+        raise ValueError("fast: overlap=False (no softmax/p·v overlap) is an option of the Gluon kernel (gluon=True)")
     if not autotune and opts["block_n"] > opts["block_m"] and causal:
         raise ValueError(f"fast: causal needs block_n <= block_m, got {opts['block_n']} > {opts['block_m']}")
     return opts, autotune
@@ -349,15 +426,36 @@ def _resolved(dtype: torch.dtype, D: int, causal: bool, options: dict) -> tuple[
     return dict(opts), autotune
 
 
+def _launch_gluon(q, k, v, o, lse, causal, scale, return_lse, tiles, pick_key, overlap):
+    """Run the Gluon kernel: autotune on the first call for a problem, then launch the pick directly."""
+    B, H, N, D = q.shape
+    block_m, block_n = (tiles["block_m"], tiles["block_n"]) if tiles else (64, 64)  # placeholders: the hook sets them
+    descs = [fast_gluon.descriptor(q, block_m), fast_gluon.descriptor(k, block_n), fast_gluon.descriptor(v, block_n)]
+    args = (*descs, o, lse, N, scale * LOG2_E)
+    if tiles is None:
+        kernel = _tuned_kernel(D, q.dtype, gluon=True)
+        kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)](*args, D=D, CAUSAL=causal, STORE_LSE=return_lse,
+                                                                      OVERLAP=overlap)
+        _picked[pick_key] = tuned_config(D, q.dtype, N, H, causal, gluon=True, overlap=overlap)
+    else:
+        fast_gluon.attn_kernel_gluon[(triton.cdiv(N, block_m), B * H)](
+            *args, D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=tiles["num_stages"], CAUSAL=causal,
+            STORE_LSE=return_lse, OVERLAP=overlap, num_warps=tiles["num_warps"])
+
+
 def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **options):
     """Forward attention, the course's fastest. ``return_lse=True`` also returns the (B, H, N)
     float32 log-sum-exp of the scaled scores (natural log).
 
-    Options: ``autotune`` (GPU default: triton.autotune over :data:`TUNING_SPACE`; giving any tile
-    option turns it off), block_m, block_n, num_warps, num_stages, input_precision (float32 only:
-    "ieee" by default as for every variant, or "tf32" for the tensor cores), use_tma, fast_exp
-    (16-bit only), lazy_rescale, prefetch_scores, warp_specialize, maxnreg (a cap on registers per
-    thread, like the tiles an explicit choice that turns autotuning off).
+    Options: ``gluon`` (default on Hopper for 16-bit inputs and D = 64/128: the Gluon kernel of
+    ``fast_gluon.py``, unless other options need the Triton kernel; False: the Triton kernel;
+    True: the Gluon kernel or a ValueError saying why not), ``autotune`` (GPU default: triton.autotune over
+    :data:`GLUON_SPACE` or :data:`TUNING_SPACE`; giving any tile option turns it off), block_m,
+    block_n, num_warps, num_stages (with Gluon: the K/V ring's slots), input_precision (float32 only:
+    "ieee" by default as for every variant, or "tf32" for the tensor cores); for the Triton kernel only:
+    use_tma, fast_exp (16-bit only), lazy_rescale, prefetch_scores, warp_specialize, maxnreg (a cap on
+    registers per thread, like the tiles an explicit choice that turns autotuning off); for the Gluon
+    kernel only: overlap (default True; False waits for each product at once, for comparison).
     """
     B, H, N, D, scale = check_kernel_inputs(q, k, v, variant="fast", causal=causal, scale=scale,
                                             head_dims=HEAD_DIMS)
@@ -370,13 +468,16 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
         raise ValueError(f"fast: use_tma addresses rows with 32-bit coordinates; B·H·N = {B * H * N} is too large")
     # Once autotuning has picked tiles for a problem, later calls launch the kernel with them directly:
     # the autotuner's own bookkeeping costs tens of microseconds per call, as much as a short kernel.
-    pick_key = (D, q.dtype, N, H, causal, opts["use_tma"])
+    pick_key = (D, q.dtype, N, H, causal, opts["use_tma"], opts["gluon"], opts["overlap"])
     tiles = _picked.get(pick_key) if autotune else {t: opts[t] for t in (*TILE_KEYS, "maxnreg")}
     block_m, block_n = (tiles["block_m"], tiles["block_n"]) if tiles else (opts["block_m"], opts["block_n"])
     if opts["use_tma"]:  # the descriptors view each input as one (B·H·N, D) matrix
         # TMA wants 16-byte aligned rows and base addresses: copy inputs that are not
         q, k, v = (x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
                    for x in (q, k, v))
+        if opts["gluon"]:
+            _launch_gluon(q, k, v, o, lse, causal, scale, return_lse, tiles, pick_key, opts["overlap"])
+            return (o, lse) if return_lse else o
         if opts["warp_specialize"]:  # the kernel makes its descriptors: they need a little global scratch
             triton.set_allocator(_descriptor_scratch)
             q_arg, k_arg, v_arg = q, k, v
@@ -392,7 +493,7 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
     if tiles is None:  # first call for this problem: autotune (the pre-hook sets the descriptors' tiles)
         kernel = _tuned_kernel(D, q.dtype)
         kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)](*args, **constexprs)
-        _picked[pick_key] = tuned_config(D, q.dtype, N, H, causal, opts["use_tma"])
+        _picked[pick_key] = tuned_config(D, q.dtype, N, H, causal, opts["use_tma"], gluon=False)
     else:
         grid = (triton.cdiv(N, block_m), B * H)
         attn_kernel_fast[grid](*args, BLOCK_M=block_m, BLOCK_N=block_n, **constexprs,
