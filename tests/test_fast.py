@@ -77,6 +77,25 @@ def test_gpu_only_options_are_refused_in_the_interpreter(option):
         attention_fast(q, k, v, **option)
 
 
+def test_what_the_gluon_kernel_cannot_run_is_named():
+    from flashattn.kernels.fast import _gluon_conflicts, default_options
+
+    base = {**default_options(torch.float16, 64, mode="gpu"), "use_tma": True}
+    assert _gluon_conflicts({**base, "block_m": 64, "block_n": 128, "num_warps": 4}) == []
+    assert _gluon_conflicts({**base, "block_m": 128, "block_n": 64, "num_warps": 8}) == []
+    assert any("block_m=32" in c for c in _gluon_conflicts({**base, "block_m": 32, "num_warps": 4}))
+    assert any("num_warps=2" in c for c in _gluon_conflicts({**base, "block_m": 64, "num_warps": 2}))
+    assert _gluon_conflicts({**base, "fast_exp": True, "maxnreg": 128}) == ["fast_exp", "maxnreg"]
+    assert _gluon_conflicts({**base, "use_tma": False}) == ["use_tma=False"]
+
+
+@INTERPRETER
+def test_overlap_belongs_to_the_gluon_kernel():
+    q, k, v = qkv(1, 1, 8, 32, torch.float16, seed=0)
+    with pytest.raises(ValueError, match="overlap"):
+        attention_fast(q, k, v, overlap=False)
+
+
 def test_tuning_space_is_valid():
     for D in (16, 32, 64, 128, 256):
         for dtype in (torch.float16, torch.float32):
