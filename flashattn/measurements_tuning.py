@@ -90,6 +90,7 @@ def _compiled_rows(variants) -> list[dict]:
             base = {"path": path, "variant": variant, "dtype": p["dtype"], "B": p["B"], "H": p["H"], "N": p["N"],
                     "D": D, **launch_tiles(variant, dtype, D)}
             t0 = time.perf_counter()
+            tuned = {}
             try:
                 jits = _variant_jits(variant)
                 fn = VARIANTS[variant]
@@ -99,15 +100,15 @@ def _compiled_rows(variants) -> list[dict]:
                     fn(q, k, v, **p["options"])
                     torch.cuda.synchronize()
                 ms = time_ms(functools.partial(fn, q, k, v, **p["options"]), warmup=5, rep=20)
-                if variant == "fast":  # the tiles autotuning chose, not the first of its space
-                    base.update(tuned_config(D, dtype, p["N"], p["H"], False) or {})
+                # fast: the tiles autotuning chose, over the first of its space and over the compiler's
+                # num_stages (which the Gluon kernel does not use: its stages are the K/V ring's)
+                if variant == "fast":
+                    tuned = tuned_config(D, dtype, p["N"], p["H"], False) or {}
                 for jit in jits:
                     for kernel in compiled_kernels(jit):
                         facts = kernel_facts(kernel)
                         facts["instructions"] = tuning.instruction_summary(facts.get("sass_counts", {}))
-                        if base.get("gluon"):  # Gluon pipelines by hand: its stages are the K/V ring's (STAGES)
-                            facts.pop("num_stages", None)
-                        rows.append({**base, "kernel": tuning.kernel_name(jit), **facts,
+                        rows.append({**base, "kernel": tuning.kernel_name(jit), **facts, **tuned,
                                      "occupancy": _occupancy(facts, limits), "ms": ms,
                                      "tflops": attention_flops(p["B"], p["H"], p["N"], D) / (ms * 1e-3) / 1e12})
             except Exception as err:  # noqa: BLE001 - a failure is itself a result

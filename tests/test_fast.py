@@ -5,7 +5,14 @@ import torch
 from helpers import TOL, qkv, rel_error
 
 from flashattn import VARIANTS, reference, runtime
-from flashattn.kernels.fast import GLUON_SPACE, attention_fast, gluon_available, tuning_configs
+from flashattn.kernels.fast import (
+    GLUON_SPACE,
+    _gluon_conflicts,
+    attention_fast,
+    default_options,
+    gluon_available,
+    tuning_configs,
+)
 
 GPU = pytest.mark.skipif(runtime.MODE != "gpu", reason="needs a GPU")
 HOPPER = pytest.mark.skipif(not gluon_available(torch.float16, 64), reason="needs a Hopper GPU and Triton's Gluon")
@@ -78,8 +85,6 @@ def test_gpu_only_options_are_refused_in_the_interpreter(option):
 
 
 def test_what_the_gluon_kernel_cannot_run_is_named():
-    from flashattn.kernels.fast import _gluon_conflicts, default_options
-
     base = {**default_options(torch.float16, 64, mode="gpu"), "use_tma": True}
     assert _gluon_conflicts({**base, "block_m": 64, "block_n": 128, "num_warps": 4}) == []
     assert _gluon_conflicts({**base, "block_m": 128, "block_n": 64, "num_warps": 8}) == []
@@ -105,9 +110,8 @@ def test_tuning_space_is_valid():
             assert any(c["block_n"] <= c["block_m"] for c in configs), "causal needs a config with block_n <= block_m"
     for D in GLUON_SPACE:
         for c in tuning_configs(D, torch.bfloat16, gluon=True):
-            assert c["num_warps"] % 4 == 0, "wgmma needs whole warpgroups"
-            assert c["block_m"] == 16 * c["num_warps"] or c["block_m"] == 32 * c["num_warps"], c
-            assert c["num_stages"] >= 1
+            opts = {**default_options(torch.bfloat16, D, mode="gpu"), **c, "use_tma": True}
+            assert _gluon_conflicts(opts) == [], c
     with pytest.raises(ValueError, match="Gluon"):
         tuning_configs(32, torch.float16, gluon=True)
 
@@ -171,10 +175,9 @@ def test_every_gluon_config_on_gpu(D, causal, dtype):
 @HOPPER
 def test_gluon_is_the_default_on_hopper_and_gives_way_to_triton_options():
     q, k, v = qkv(1, 2, 64, 64, torch.float16, seed=1)
-    from flashattn.kernels import default_options
-    assert default_options("fast", torch.float16, 64)["gluon"] is True
-    assert default_options("fast", torch.float32, 64)["gluon"] is False
-    assert default_options("fast", torch.float16, 32)["gluon"] is False
+    assert default_options(torch.float16, 64)["gluon"] is True
+    assert default_options(torch.float32, 64)["gluon"] is False
+    assert default_options(torch.float16, 32)["gluon"] is False
     ref = reference(q, k, v)
     tiles = dict(block_m=32, block_n=32, num_warps=4, num_stages=2)
     for option in ({"fast_exp": True}, {"prefetch_scores": True}, {"use_tma": False}, {"maxnreg": 128}, tiles):

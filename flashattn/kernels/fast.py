@@ -258,7 +258,7 @@ def gluon_available(dtype: torch.dtype, D: int, mode: str | None = None) -> bool
     """Whether the Gluon kernel can run this problem here: a Hopper GPU (sm_90), 16-bit, D = 64 or 128."""
     return ((mode or runtime.MODE) == "gpu" and fast_gluon is not None and runtime.HAS_GPU
             and torch.cuda.get_device_capability()[0] == 9
-            and dtype in fast_gluon.DTYPES and D in fast_gluon.HEAD_DIMS)
+            and dtype in fast_gluon.DTYPES and D in GLUON_SPACE)
 
 
 def tuning_configs(D: int, dtype: torch.dtype, gluon: bool = False) -> list[dict]:
@@ -295,9 +295,9 @@ def _tuned_kernel(D: int, dtype: torch.dtype, gluon: bool = False):
     """``attn_kernel_fast`` (or the Gluon kernel) under ``triton.autotune`` over :func:`tuning_configs`."""
     key = (D, dtype, gluon)
     if key not in _tuned_kernels:
-        if gluon:  # the ring depth is the kernel's STAGES; the descriptors' tiles follow the config
+        if gluon:  # the ring depth is the kernel's STAGES
             configs = [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"], "STAGES": c["num_stages"]},
-                                     num_warps=c["num_warps"], pre_hook=fast_gluon.set_block_shapes)
+                                     num_warps=c["num_warps"], pre_hook=_set_block_shapes)
                        for c in tuning_configs(D, dtype, gluon=True)]
             _tuned_kernels[key] = triton.autotune(configs, key=["N", "CAUSAL", "OVERLAP"])(fast_gluon.attn_kernel_gluon)
         else:
@@ -396,7 +396,7 @@ def _check_options(dtype: torch.dtype, D: int, causal: bool, options: dict) -> t
     if opts["gluon"]:
         if not gluon_available(dtype, D):
             raise ValueError(f"fast: gluon=True needs a Hopper GPU (sm_90) with Triton's Gluon, float16 or bfloat16 "
-                             f"inputs and D in {fast_gluon.HEAD_DIMS if fast_gluon else (64, 128)}; got {dtype}, D={D} "
+                             f"inputs and D in {sorted(GLUON_SPACE)}; got {dtype}, D={D} "
                              f"in {runtime.MODE} mode (pass gluon=False for the Triton kernel)")
         conflicts = _gluon_conflicts(opts)
         if conflicts:

@@ -32,8 +32,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-LOG2_E = 1.4426950408889634
-HEAD_DIMS = (64, 128)
 DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # the TMA load's name: async_copy_global_to_shared up to Triton 3.6, async_load after
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -66,10 +64,10 @@ def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale,
 
 
 @gluon.jit
-def attn_kernel_gluon(q_desc, k_desc, v_desc, O, LSE, N, qk_scale,
+def attn_kernel_gluon(Q, K, V, O, LSE, N, qk_scale,
                       D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
-    dtype: gl.constexpr = q_desc.dtype
+    dtype: gl.constexpr = Q.dtype
     pid_m = gl.program_id(0)
     pid_bh = gl.program_id(1)
     if CAUSAL:  # the heaviest Q blocks (the last rows) first
@@ -87,9 +85,9 @@ def attn_kernel_gluon(q_desc, k_desc, v_desc, O, LSE, N, qk_scale,
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    qi = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_desc.layout)
-    kj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], k_desc.layout)
-    vj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+    qi = gl.allocate_shared_memory(dtype, [BLOCK_M, D], Q.layout)
+    kj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], K.layout)
+    vj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], V.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -103,11 +101,11 @@ def attn_kernel_gluon(q_desc, k_desc, v_desc, O, LSE, N, qk_scale,
     else:
         n_blocks = gl.cdiv(N, BLOCK_N)
 
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma_load(q_desc, [row0 + m0, 0], q_bar, qi)
+    mbarrier.expect(q_bar, Q.block_type.nbytes)
+    tma_load(Q, [row0 + m0, 0], q_bar, qi)
     for i in gl.static_range(STAGES):
-        _load_tile(k_desc, k_bars, kj, i, row0 + i * BLOCK_N, i < n_blocks)
-        _load_tile(v_desc, v_bars, vj, i, row0 + i * BLOCK_N, i < n_blocks)
+        _load_tile(K, k_bars, kj, i, row0 + i * BLOCK_N, i < n_blocks)
+        _load_tile(V, v_bars, vj, i, row0 + i * BLOCK_N, i < n_blocks)
 
     offs_m = m0 + gl.arange(0, BLOCK_M, layout=row_s)
     mi = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
@@ -120,7 +118,7 @@ def attn_kernel_gluon(q_desc, k_desc, v_desc, O, LSE, N, qk_scale,
     mbarrier.wait(k_bars.index(0), 0)
     sij = warpgroup_mma(qi, kj.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
     sij = warpgroup_mma_wait(0, deps=[sij])
-    _load_tile(k_desc, k_bars, kj, 0, row0 + STAGES * BLOCK_N, STAGES < n_blocks)
+    _load_tile(K, k_bars, kj, 0, row0 + STAGES * BLOCK_N, STAGES < n_blocks)
     pij, mi, li, alpha = _softmax(sij, mi, li, 0, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL, s_layout)
     pij = gl.convert_layout(pij.to(dtype), p_layout)
 
@@ -136,12 +134,12 @@ def attn_kernel_gluon(q_desc, k_desc, v_desc, O, LSE, N, qk_scale,
         if not OVERLAP:
             pv, pij = warpgroup_mma_wait(0, deps=[pv, pij])
         sij = warpgroup_mma_wait(1, deps=[sij])  # scores done; p · v may still run
-        _load_tile(k_desc, k_bars, kj, slot, row0 + (j + STAGES) * BLOCK_N, j + STAGES < n_blocks)
+        _load_tile(K, k_bars, kj, slot, row0 + (j + STAGES) * BLOCK_N, j + STAGES < n_blocks)
         p_next, mi, li, alpha = _softmax(sij, mi, li, j * BLOCK_N, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL,
                                          s_layout)
         acc, pij = warpgroup_mma_wait(0, deps=[pv, pij])  # pij's registers stay live until p · v is done
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        _load_tile(v_desc, v_bars, vj, prev, row0 + (j - 1 + STAGES) * BLOCK_N, j - 1 + STAGES < n_blocks)
+        _load_tile(V, v_bars, vj, prev, row0 + (j - 1 + STAGES) * BLOCK_N, j - 1 + STAGES < n_blocks)
         pij = gl.convert_layout(p_next.to(dtype), p_layout)
 
     last = (n_blocks - 1) % STAGES
@@ -176,9 +174,3 @@ def descriptor(x: torch.Tensor, block_rows: int) -> TensorDescriptor:
     """A Gluon TMA descriptor over contiguous ``x`` (B, H, N, D) seen as one (B·H·N, D) matrix."""
     B, H, N, D = x.shape
     return TensorDescriptor(x, [B * H * N, D], [D, 1], [block_rows, D], _tile_layout(block_rows, D, x.dtype))
-
-
-def set_block_shapes(nargs: dict) -> None:
-    """Autotuning pre-hook: the descriptors' tile rows follow the configuration being tried."""
-    for name, rows in (("q_desc", nargs["BLOCK_M"]), ("k_desc", nargs["BLOCK_N"]), ("v_desc", nargs["BLOCK_N"])):
-        nargs[name].block_shape = [rows, nargs[name].block_shape[1]]
