@@ -41,17 +41,21 @@ def _ablation_steps(D: int, final: dict) -> list[tuple[str, str, dict, bool]]:
     ``final``: the tiles autotuning picked for the Triton kernel, which the tried switches start from."""
     dtype = getattr(torch, ABLATION["dtype"])
     plain = dict(launch_tiles("v2", dtype, D), use_tma=False, gluon=False)
+    single = {"gluon": True, "schedule": "single"}
     return [
         ("v2 (notebook 04)", "v2", {}, True),
         ("+ exp2, log2(e) folded into the scale", "v2", {"use_exp2": True}, True),
         ("fast kernel, pointer loads, v2's tiles", "fast", plain, True),
         ("+ TMA tensor descriptors", "fast", dict(plain, use_tma=True), True),
         ("+ autotuned tiles (Triton kernel)", "fast", {"gluon": False}, True),
-        ("Gluon kernel, async wgmma, no overlap", "fast", {"gluon": True, "overlap": False}, True),
-        ("+ softmax overlaps the previous p·v (= fast)", "fast", {}, True),
+        ("Gluon kernel, async wgmma, no overlap", "fast", dict(single, overlap=False), True),
+        ("+ softmax overlaps the previous p·v", "fast", single, True),
+        ("+ producer warp, two consumer warpgroups", "fast", {"gluon": True, "schedule": "specialized"}, True),
+        ("+ persistent programs", "fast", {"gluon": True, "schedule": "persistent"}, True),
+        ("autotuned over the three schedules (= fast)", "fast", {}, True),
         ("tried: + packed 16-bit exp2", "fast", dict(final, fast_exp=True), False),
         ("tried: + next scores issued before the softmax", "fast", dict(final, prefetch_scores=True), False),
-        ("tried: + warp specialization", "fast", dict(final, warp_specialize=True), False),
+        ("tried: + Triton's own warp specialization", "fast", dict(final, warp_specialize=True), False),
         ("tried: + lazy rescaling", "fast", dict(final, lazy_rescale=True), False),
     ]
 

@@ -94,6 +94,17 @@ def test_what_the_gluon_kernel_cannot_run_is_named():
     assert _gluon_conflicts({**base, "use_tma": False}) == ["use_tma=False"]
 
 
+def test_bad_schedules_are_refused():
+    q, k, v = qkv(1, 1, 8, 32, torch.float16, seed=0)
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        attention_fast(q, k, v, schedule="pingpong")
+    with pytest.raises(ValueError, match="schedule='persistent' is an option of the Gluon kernel"):
+        attention_fast(q, k, v, schedule="persistent", gluon=False)
+    base = {**default_options(torch.float16, 64, mode="gpu"), "use_tma": True}
+    assert any("schedule='specialized'" in c for c in _gluon_conflicts({**base, "block_m": 128, "num_warps": 8,
+                                                                         "schedule": "specialized"}))
+
+
 @INTERPRETER
 def test_overlap_belongs_to_the_gluon_kernel():
     q, k, v = qkv(1, 1, 8, 32, torch.float16, seed=0)
@@ -170,6 +181,23 @@ def test_every_gluon_config_on_gpu(D, causal, dtype):
             out, lse = attention_fast(q, k, v, causal=causal, return_lse=True, gluon=True, **config)
             assert rel_error(out, ref) < TOL[dtype], (N, config)
             assert (lse.double() - ref_lse).abs().max().item() < 1e-3, (N, config)
+
+
+@HOPPER
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_warp_specialized_programs_loop_over_tiles(D, causal):
+    """More tiles than SMs: persistent programs run several tiles (the rings' phases carry over), with and
+    without the overlap; the specialized grid (one program per tile) gives the same."""
+    q, k, v = qkv(3, 16, 1100, D, torch.float16, seed=D)
+    ref, ref_lse = reference(q, k, v, causal=causal), reference_lse(q, k, v, causal)
+    tiles = dict(block_m=64, block_n=128, num_warps=4, num_stages=2)
+    for schedule in ("specialized", "persistent"):
+        for overlap in (True, False):
+            out, lse = attention_fast(q, k, v, causal=causal, return_lse=True, schedule=schedule, overlap=overlap,
+                                      **tiles)
+            assert rel_error(out, ref) < TOL[torch.float16], (schedule, overlap)
+            assert (lse.double() - ref_lse).abs().max().item() < 1e-3, (schedule, overlap)
 
 
 @HOPPER

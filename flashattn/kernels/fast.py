@@ -244,14 +244,23 @@ TUNING_SPACE = {
 }
 FLOAT32_SPACE = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2)]
 
-# The Gluon kernel's space (stages = K/V ring slots). Measured on the H200: one warpgroup (4 warps) per
-# program and two or three programs per SM. D=128 non-causal keeps 128 rows per warpgroup (nearly the
-# whole register budget of a thread, still two programs per SM); causal prefers 64 rows, with a one-slot
-# ring where two slots would leave shared memory for only one program. D=64 prefers 64 rows, 128 keys.
+# The Gluon kernel's space: (BLOCK_M, BLOCK_N, warps, K/V ring slots, schedule). Schedules:
+#   "single":      one warpgroup (4 warps) per program, two or three programs per SM, each loading its own K/V;
+#   "specialized": a producer warp and two consumer warpgroups of BLOCK_M rows each per program, sharing K/V;
+#   "persistent":  the same, one program per SM looping over the tiles.
+# Measured on the H200: single programs keep 128 rows (D=128 non-causal: nearly the whole register budget of
+# a thread, still two programs per SM) or 64 rows with a one-slot ring where two slots would leave shared
+# memory for only one program; the specialized programs want 64 rows per consumer and 128 keys.
 GLUON_SPACE = {
-    64: [(64, 128, 4, 2), (64, 128, 4, 1), (64, 64, 4, 2)],
-    128: [(128, 64, 4, 2), (64, 128, 4, 1), (64, 64, 4, 1)],
+    64: [(64, 128, 4, 2, "single"), (64, 128, 4, 1, "single"), (64, 64, 4, 2, "single"),
+         (64, 128, 4, 2, "specialized"), (64, 128, 4, 2, "persistent"), (64, 128, 4, 3, "persistent")],
+    128: [(128, 64, 4, 2, "single"), (64, 128, 4, 1, "single"), (64, 64, 4, 1, "single"),
+          (64, 128, 4, 2, "specialized"), (64, 128, 4, 2, "persistent")],
 }
+SCHEDULES = ("auto", "single", "specialized", "persistent")
+# Registers per thread at launch for the specialized schedules: 3 warpgroups x 128 threads x 168 fit the
+# SM's 65536; the kernel then moves them with setmaxnreg (240 for each consumer, 24 for the producer).
+WS_MAXNREG = 168
 
 
 def gluon_available(dtype: torch.dtype, D: int, mode: str | None = None) -> bool:
@@ -261,13 +270,14 @@ def gluon_available(dtype: torch.dtype, D: int, mode: str | None = None) -> bool
             and dtype in fast_gluon.DTYPES and D in GLUON_SPACE)
 
 
-def tuning_configs(D: int, dtype: torch.dtype, gluon: bool = False) -> list[dict]:
+def tuning_configs(D: int, dtype: torch.dtype, gluon: bool = False, schedule: str = "auto") -> list[dict]:
     """The configurations autotuning tries for head dimension ``D`` (as option dicts, with ``maxnreg``),
-    for the Gluon kernel if ``gluon``."""
+    for the Gluon kernel if ``gluon`` (those of ``schedule`` only, unless it is "auto")."""
     if gluon:
         if D not in GLUON_SPACE or dtype == torch.float32:
             raise ValueError(f"fast: the Gluon kernel takes 16-bit inputs and D in {sorted(GLUON_SPACE)}")
-        return [dict(zip(TILE_KEYS, c, strict=True), maxnreg=None) for c in GLUON_SPACE[D]]
+        return [dict(zip(TILE_KEYS, c[:4], strict=True), maxnreg=None, schedule=c[4]) for c in GLUON_SPACE[D]
+                if schedule in ("auto", c[4])]
     space = FLOAT32_SPACE if dtype == torch.float32 else TUNING_SPACE[D]
     if dtype == torch.float32 and D == 256:
         space = [c for c in space if c[0] == 64]
@@ -288,17 +298,27 @@ def _prune(configs, named_args, **kwargs):
 
 
 _tuned_kernels: dict = {}
-_picked: dict = {}  # (D, dtype, N, H, causal, use_tma, gluon, overlap) -> tiles autotuning chose
+_picked: dict = {}  # (D, dtype, N, H, causal, use_tma, gluon, overlap, schedule) -> tiles autotuning chose
 
 
-def _tuned_kernel(D: int, dtype: torch.dtype, gluon: bool = False):
-    """``attn_kernel_fast`` (or the Gluon kernel) under ``triton.autotune`` over :func:`tuning_configs`."""
-    key = (D, dtype, gluon)
+def _gluon_meta(schedule: str) -> dict:
+    """The Gluon kernel's constexprs and register cap for a schedule."""
+    ws = schedule in ("specialized", "persistent")
+    return {"WARP_SPECIALIZE": ws, "PERSISTENT": schedule == "persistent", "maxnreg": WS_MAXNREG if ws else None}
+
+
+def _tuned_kernel(D: int, dtype: torch.dtype, gluon: bool = False, schedule: str = "auto"):
+    """``attn_kernel_fast`` (or the Gluon kernel, over ``schedule``'s configurations) under
+    ``triton.autotune`` over :func:`tuning_configs`."""
+    key = (D, dtype, gluon, schedule)
     if key not in _tuned_kernels:
         if gluon:  # the ring depth is the kernel's STAGES
-            configs = [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"], "STAGES": c["num_stages"]},
-                                     num_warps=c["num_warps"], pre_hook=_set_block_shapes)
-                       for c in tuning_configs(D, dtype, gluon=True)]
+            configs = []
+            for c in tuning_configs(D, dtype, gluon=True, schedule=schedule):
+                meta = _gluon_meta(c["schedule"])
+                configs.append(triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"], "STAGES": c["num_stages"],
+                                              "WARP_SPECIALIZE": meta["WARP_SPECIALIZE"], "PERSISTENT": meta["PERSISTENT"]},
+                                             num_warps=c["num_warps"], maxnreg=meta["maxnreg"], pre_hook=_set_block_shapes))
             _tuned_kernels[key] = triton.autotune(configs, key=["N", "CAUSAL", "OVERLAP"])(fast_gluon.attn_kernel_gluon)
         else:
             configs = [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"]}, num_warps=c["num_warps"],
@@ -310,19 +330,21 @@ def _tuned_kernel(D: int, dtype: torch.dtype, gluon: bool = False):
 
 
 def tuned_config(D: int, dtype: torch.dtype, N: int, H: int, causal: bool, use_tma: bool = True,
-                 gluon: bool | None = None, overlap: bool = True) -> dict | None:
+                 gluon: bool | None = None, overlap: bool = True, schedule: str = "auto") -> dict | None:
     """The configuration autotuning picked for this problem in this process, or None if not tuned yet.
-    ``gluon``: which kernel's (None: the one ``fast`` uses by default here)."""
+    ``gluon``: which kernel's (None: the one ``fast`` uses by default here); ``schedule``: the Gluon
+    schedules autotuning chose from."""
     if gluon is None:
         gluon = gluon_available(dtype, D)
-    tuner = _tuned_kernels.get((D, dtype, gluon))
+    tuner = _tuned_kernels.get((D, dtype, gluon, schedule if gluon else "auto"))
     if tuner is None:
         return None
     for key, config in tuner.cache.items():
         if gluon and tuple(key[:3]) == (N, causal, overlap):
-            return {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"],
-                    "num_warps": config.num_warps, "num_stages": config.kwargs["STAGES"], "maxnreg": None,
-                    "gluon": True}
+            kw = config.kwargs
+            picked = "single" if not kw["WARP_SPECIALIZE"] else "persistent" if kw["PERSISTENT"] else "specialized"
+            return {"block_m": kw["BLOCK_M"], "block_n": kw["BLOCK_N"], "num_warps": config.num_warps,
+                    "num_stages": kw["STAGES"], "maxnreg": None, "gluon": True, "schedule": picked}
         if not gluon and tuple(key[:4]) == (N, H, causal, use_tma):
             return {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"],
                     "num_warps": config.num_warps, "num_stages": config.num_stages, "maxnreg": config.maxnreg,
@@ -342,13 +364,13 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
     ``maxnreg`` (a register cap) is None unless autotuning picks a configuration with one.
     """
     switches = dict(fast_exp=False, lazy_rescale=False, warp_specialize=False, prefetch_scores=False, maxnreg=None,
-                    overlap=True)
+                    overlap=True, schedule="auto")
     if (mode or runtime.MODE) == "interpreter":
         return dict(block_m=64, block_n=64, num_warps=4, num_stages=1, input_precision="ieee", autotune=False,
                     use_tma=False, gluon=False, **switches)
     hopper = runtime.HAS_GPU and torch.cuda.get_device_capability()[0] >= 9
     gluon = gluon_available(dtype, D, mode)
-    tiles = tuning_configs(D, dtype, gluon)[0]
+    tiles = {k: v for k, v in tuning_configs(D, dtype, gluon)[0].items() if k != "schedule"}
     return {**tiles, "input_precision": "ieee", "autotune": True, "use_tma": hopper, "gluon": gluon, **switches}
 
 
@@ -371,6 +393,8 @@ def _gluon_conflicts(opts: dict) -> list[str]:
     if warps % 4 or bm % (16 * warps) or bm > 256 or bn > 256:
         found.append(f"block_m={bm}, block_n={bn}, num_warps={warps} (it needs whole warpgroups: num_warps a multiple "
                      "of 4, block_m a multiple of 16·num_warps, tiles of at most 256 rows)")
+    if opts["schedule"] in ("specialized", "persistent") and warps != 4:
+        found.append(f"schedule={opts['schedule']!r} with num_warps={warps} (each consumer is one warpgroup: 4 warps)")
     return found
 
 
@@ -382,6 +406,8 @@ def _check_options(dtype: torch.dtype, D: int, causal: bool, options: dict) -> t
     cap = opts["maxnreg"]
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 24 <= cap <= 255):
         raise ValueError(f"fast: maxnreg must be None or an integer from 24 to 255 (registers per thread), got {cap!r}")
+    if opts["schedule"] not in SCHEDULES:
+        raise ValueError(f"fast: schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {opts['schedule']!r}")
     if autotune and runtime.MODE != "gpu":
         raise ValueError("fast: autotune needs a GPU (triton.autotune times the candidates)")
     if opts["fast_exp"] and dtype == torch.float32:
@@ -405,6 +431,9 @@ def _check_options(dtype: torch.dtype, D: int, causal: bool, options: dict) -> t
         return opts, autotune
     if not opts["overlap"]:
         raise ValueError("fast: overlap=False (no softmax/p·v overlap) is an option of the Gluon kernel (gluon=True)")
+    if opts["schedule"] != "auto":
+        raise ValueError(f"fast: schedule={opts['schedule']!r} is an option of the Gluon kernel (gluon=True); the "
+                         "Triton kernel has one schedule")
     if not autotune and opts["block_n"] > opts["block_m"] and causal:
         raise ValueError(f"fast: causal needs block_n <= block_m, got {opts['block_n']} > {opts['block_m']}")
     return opts, autotune
@@ -426,21 +455,42 @@ def _resolved(dtype: torch.dtype, D: int, causal: bool, options: dict) -> tuple[
     return dict(opts), autotune
 
 
-def _launch_gluon(q, k, v, o, lse, causal, scale, return_lse, tiles, pick_key, overlap):
+_sm_counts: dict = {}
+
+
+def _gluon_grid(N: int, BH: int, block_m: int, warp_specialize: bool, persistent: bool, device) -> tuple:
+    """Single warpgroups: a (Q block, batch·head) grid. Specialized: one program per tile of 2·block_m rows
+    (1-D). Persistent: at most one program per SM, each looping over tiles."""
+    if not warp_specialize:
+        return (triton.cdiv(N, block_m), BH)
+    tiles = triton.cdiv(N, 2 * block_m) * BH
+    if not persistent:
+        return (tiles,)
+    if device not in _sm_counts:
+        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return (min(tiles, _sm_counts[device]),)
+
+
+def _launch_gluon(q, k, v, o, lse, causal, scale, return_lse, tiles, pick_key, overlap, schedule):
     """Run the Gluon kernel: autotune on the first call for a problem, then launch the pick directly."""
     B, H, N, D = q.shape
     block_m, block_n = (tiles["block_m"], tiles["block_n"]) if tiles else (64, 64)  # placeholders: the hook sets them
     descs = [fast_gluon.descriptor(q, block_m), fast_gluon.descriptor(k, block_n), fast_gluon.descriptor(v, block_n)]
-    args = (*descs, o, lse, N, scale * LOG2_E)
+    args = (*descs, o, lse, N, B * H, scale * LOG2_E)
     if tiles is None:
-        kernel = _tuned_kernel(D, q.dtype, gluon=True)
-        kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)](*args, D=D, CAUSAL=causal, STORE_LSE=return_lse,
-                                                                      OVERLAP=overlap)
-        _picked[pick_key] = tuned_config(D, q.dtype, N, H, causal, gluon=True, overlap=overlap)
+        kernel = _tuned_kernel(D, q.dtype, gluon=True, schedule=schedule)
+        grid = lambda meta: _gluon_grid(N, B * H, meta["BLOCK_M"], meta["WARP_SPECIALIZE"], meta["PERSISTENT"],  # noqa: E731
+                                        q.device)
+        kernel[grid](*args, D=D, CAUSAL=causal, STORE_LSE=return_lse, OVERLAP=overlap)
+        _picked[pick_key] = tuned_config(D, q.dtype, N, H, causal, gluon=True, overlap=overlap, schedule=schedule)
     else:
-        fast_gluon.attn_kernel_gluon[(triton.cdiv(N, block_m), B * H)](
+        meta = _gluon_meta(tiles["schedule"])
+        grid = _gluon_grid(N, B * H, block_m, meta["WARP_SPECIALIZE"], meta["PERSISTENT"], q.device)
+        fast_gluon.attn_kernel_gluon[grid](
             *args, D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=tiles["num_stages"], CAUSAL=causal,
-            STORE_LSE=return_lse, OVERLAP=overlap, num_warps=tiles["num_warps"])
+            STORE_LSE=return_lse, OVERLAP=overlap, WARP_SPECIALIZE=meta["WARP_SPECIALIZE"],
+            PERSISTENT=meta["PERSISTENT"], num_warps=tiles["num_warps"],
+            **({"maxnreg": meta["maxnreg"]} if meta["maxnreg"] else {}))
 
 
 def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **options):
@@ -468,15 +518,17 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
         raise ValueError(f"fast: use_tma addresses rows with 32-bit coordinates; B·H·N = {B * H * N} is too large")
     # Once autotuning has picked tiles for a problem, later calls launch the kernel with them directly:
     # the autotuner's own bookkeeping costs tens of microseconds per call, as much as a short kernel.
-    pick_key = (D, q.dtype, N, H, causal, opts["use_tma"], opts["gluon"], opts["overlap"])
+    pick_key = (D, q.dtype, N, H, causal, opts["use_tma"], opts["gluon"], opts["overlap"], opts["schedule"])
     tiles = _picked.get(pick_key) if autotune else {t: opts[t] for t in (*TILE_KEYS, "maxnreg")}
+    if opts["gluon"] and tiles is not None and "schedule" not in tiles:  # explicit tiles: the schedule asked for
+        tiles = {**tiles, "schedule": "single" if opts["schedule"] == "auto" else opts["schedule"]}
     block_m, block_n = (tiles["block_m"], tiles["block_n"]) if tiles else (opts["block_m"], opts["block_n"])
     if opts["use_tma"]:  # the descriptors view each input as one (B·H·N, D) matrix
         # TMA wants 16-byte aligned rows and base addresses: copy inputs that are not
         q, k, v = (x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
                    for x in (q, k, v))
         if opts["gluon"]:
-            _launch_gluon(q, k, v, o, lse, causal, scale, return_lse, tiles, pick_key, opts["overlap"])
+            _launch_gluon(q, k, v, o, lse, causal, scale, return_lse, tiles, pick_key, opts["overlap"], opts["schedule"])
             return (o, lse) if return_lse else o
         if opts["warp_specialize"]:  # the kernel makes its descriptors: they need a little global scratch
             triton.set_allocator(_descriptor_scratch)

@@ -17,6 +17,14 @@ So the exponentials of one block overlap the second matrix product of the previo
 arrive by TMA into a ring of ``STAGES`` shared-memory slots, each with an mbarrier that says "landed";
 a slot is refilled as soon as the product that reads it has finished.
 
+``WARP_SPECIALIZE`` (FlashAttention-3's layout of a program): one *producer* warp issues every TMA copy
+and two *consumer* warpgroups, each with its own BLOCK_M rows of Q, run the loop above on the same K/V
+ring, so a program covers 2·BLOCK_M rows and every K/V tile loaded serves both. The producer needs
+almost no registers; ``setmaxnreg`` hands them to the consumers (240 per thread). mbarriers pass the
+slots around: "ready" (the copy landed) and "empty" (both consumers are done with it). The programs
+loop over tiles, so the same kernel also runs *persistent* (``PERSISTENT``: one program per SM, the
+producer already loading the next tile's Q and K/V while the consumers finish the last one).
+
 Same names and results as ``attn_kernel_fast``: the running max ``mi`` in scaled base-2 units, ``li``,
 ``acc`` normalized once at the end, the log-sum-exp on request. Hopper only (``wgmma`` is sm_90's
 instruction), 16-bit inputs, D = 64 or 128; other cases use the Triton kernel.
@@ -64,9 +72,10 @@ def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale,
 
 
 @gluon.jit
-def attn_kernel_gluon(Q, K, V, O, LSE, N, qk_scale,
-                      D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+def _one_warpgroup(Q, K, V, O, LSE, N, qk_scale,
+                   D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+    """The loop in one warpgroup per program (num_warps = 4), or 2 with 8 warps: each issues its own loads."""
     dtype: gl.constexpr = Q.dtype
     pid_m = gl.program_id(0)
     pid_bh = gl.program_id(1)
@@ -96,10 +105,7 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, qk_scale,
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
 
-    if CAUSAL:
-        n_blocks = gl.cdiv(gl.minimum(m0 + BLOCK_M, N), BLOCK_N)
-    else:
-        n_blocks = gl.cdiv(N, BLOCK_N)
+    n_blocks = _key_blocks(m0, N, BLOCK_M, BLOCK_N, CAUSAL)
 
     mbarrier.expect(q_bar, Q.block_type.nbytes)
     tma_load(Q, [row0 + m0, 0], q_bar, qi)
@@ -152,8 +158,15 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, qk_scale,
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
 
-    # normalize once; store through a row-major layout (8 contiguous values per thread) for wide stores
-    out = (acc / gl.convert_layout(li, row_o)[:, None]).to(dtype)
+    _store(acc, li, mi, O, LSE, row0, m0, pid_bh, offs_m, N, D, BLOCK_M, STORE_LSE, num_warps, o_layout)
+
+
+@gluon.jit
+def _store(acc, li, mi, O, LSE, row0, m0, bh, offs_m, N,
+           D: gl.constexpr, BLOCK_M: gl.constexpr, STORE_LSE: gl.constexpr, num_warps: gl.constexpr,
+           o_layout: gl.constexpr):
+    """Normalize once and store rows ``m0 ..`` (through a row-major layout: 8 contiguous values per thread)."""
+    out = (acc / gl.convert_layout(li, gl.SliceLayout(1, o_layout))[:, None]).to(O.dtype.element_ty)
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // D, D // 8], [num_warps, 1], [1, 0])
     out = gl.convert_layout(out, out_layout)
     offs_mo = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
@@ -161,8 +174,171 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, qk_scale,
     o_ptrs = O + (row0 + offs_mo).to(gl.int64)[:, None] * D + offs_d[None, :]
     gl.store(o_ptrs, out, mask=offs_mo[:, None] < N)
     if STORE_LSE:  # natural log: mi and log2(li) are in base 2
-        gl.store(LSE + pid_bh.to(gl.int64) * N + offs_m, (mi + gl.log2(li)) * 0.6931471805599453, mask=offs_m < N)
+        gl.store(LSE + bh.to(gl.int64) * N + offs_m, (mi + gl.log2(li)) * 0.6931471805599453, mask=offs_m < N)
 
+
+@gluon.jit
+def _tile(t, n_m, CAUSAL: gl.constexpr):
+    """Tile ``t`` -> (Q block, batch·head). Consecutive tiles share a head (its K/V stay in L2); causal
+    tiles of a head go heaviest (last rows) first."""
+    if CAUSAL:
+        return n_m - 1 - t % n_m, t // n_m
+    else:
+        return t % n_m, t // n_m
+
+
+@gluon.jit
+def _key_blocks(m0, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """How many key blocks rows ``m0 .. m0 + ROWS`` see (causal: up to the diagonal)."""
+    if CAUSAL:
+        return gl.cdiv(gl.minimum(m0 + ROWS, N), BLOCK_N)
+    else:
+        return gl.cdiv(N, BLOCK_N)
+
+
+@gluon.jit
+def _producer(Q, K, V, O, LSE, qi, kj, vj, bars, N, BH, qk_scale,
+              WG: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr):
+    """One warp: every TMA copy. It refills a slot as soon as both consumers have released it."""
+    q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
+    n_m = gl.cdiv(N, 2 * BLOCK_M)
+    it = 0  # tiles done by this program
+    cnt = 0  # K/V blocks loaded by this program: the ring slot and its lap
+    for t in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
+        tm, bh = _tile(t, n_m, CAUSAL)
+        row0 = bh * N
+        m0 = tm * 2 * BLOCK_M
+        for c in gl.static_range(2):  # each consumer's Q tile, once it has let go of the last one
+            mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)  # (a fresh barrier passes a wait on parity 1)
+            mbarrier.expect(q_ready.index(c), Q.block_type.nbytes)
+            tma_load(Q, [row0 + m0 + c * BLOCK_M, 0], q_ready.index(c), qi.index(c))
+        for j in range(_key_blocks(m0, N, 2 * BLOCK_M, BLOCK_N, CAUSAL)):
+            slot = cnt % STAGES
+            lap = (cnt // STAGES) & 1
+            mbarrier.wait(k_empty.index(slot), lap ^ 1)
+            mbarrier.expect(k_ready.index(slot), K.block_type.nbytes)
+            tma_load(K, [row0 + j * BLOCK_N, 0], k_ready.index(slot), kj.index(slot))
+            mbarrier.wait(v_empty.index(slot), lap ^ 1)
+            mbarrier.expect(v_ready.index(slot), V.block_type.nbytes)
+            tma_load(V, [row0 + j * BLOCK_N, 0], v_ready.index(slot), vj.index(slot))
+            cnt += 1
+        it += 1
+
+
+@gluon.jit
+def _consumer(Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
+              WG: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr):
+    """Warpgroup ``WG``: rows ``WG·BLOCK_M ..`` of each tile, the same loop as ``_one_warpgroup``, with the
+    slots' ready/empty barriers instead of issuing loads."""
+    q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
+    dtype: gl.constexpr = kj.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    qi = q_tiles.index(WG)
+    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # ignored: use_acc=False
+    n_m = gl.cdiv(N, 2 * BLOCK_M)
+    it = 0
+    cnt = 0
+    for t in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
+        tm, bh = _tile(t, n_m, CAUSAL)
+        row0 = bh * N
+        m0 = tm * 2 * BLOCK_M + WG * BLOCK_M
+        n_blocks = _key_blocks(tm * 2 * BLOCK_M, N, 2 * BLOCK_M, BLOCK_N, CAUSAL)  # the producer's count
+        offs_m = m0 + gl.arange(0, BLOCK_M, layout=row_s)
+        mi = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+        li = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
+        acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+
+        mbarrier.wait(q_ready.index(WG), it & 1)
+        slot = cnt % STAGES
+        mbarrier.wait(k_ready.index(slot), (cnt // STAGES) & 1)
+        sij = warpgroup_mma(qi, kj.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        sij = warpgroup_mma_wait(0, deps=[sij])
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        mbarrier.arrive(q_empty.index(WG), count=1, pred=n_blocks == 1)  # qi done: the next tile's may load
+        pij, mi, li, alpha = _softmax(sij, mi, li, 0, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL, s_layout)
+        pij = gl.convert_layout(pij.to(dtype), p_layout)
+        for j in range(1, n_blocks):
+            c = cnt + j
+            slot = c % STAGES
+            prev = (c - 1) % STAGES
+            mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
+            sij = warpgroup_mma(qi, kj.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+            if not OVERLAP:
+                sij = warpgroup_mma_wait(0, deps=[sij])
+            mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
+            pv = warpgroup_mma(pij, vj.index(prev), acc, is_async=True)
+            if not OVERLAP:
+                pv, pij = warpgroup_mma_wait(0, deps=[pv, pij])
+            sij = warpgroup_mma_wait(1, deps=[sij])
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            mbarrier.arrive(q_empty.index(WG), count=1, pred=j == n_blocks - 1)
+            p_next, mi, li, alpha = _softmax(sij, mi, li, j * BLOCK_N, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL,
+                                             s_layout)
+            acc, pij = warpgroup_mma_wait(0, deps=[pv, pij])
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            pij = gl.convert_layout(p_next.to(dtype), p_layout)
+        c = cnt + n_blocks - 1
+        mbarrier.wait(v_ready.index(c % STAGES), (c // STAGES) & 1)
+        acc = warpgroup_mma(pij, vj.index(c % STAGES), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        mbarrier.arrive(v_empty.index(c % STAGES), count=1)
+        _store(acc, li, mi, O, LSE, row0, m0, bh, offs_m, N, D, BLOCK_M, STORE_LSE, 4, o_layout)
+        cnt += n_blocks
+        it += 1
+
+
+@gluon.jit
+def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, qk_scale,
+                      D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
+                      WARP_SPECIALIZE: gl.constexpr, PERSISTENT: gl.constexpr, num_warps: gl.constexpr):
+    """Without WARP_SPECIALIZE: a (Q block, batch·head) grid, one warpgroup per program (``_one_warpgroup``).
+    With it: a producer warp and two consumer warpgroups per program, over a 1-D grid of tiles of 2·BLOCK_M
+    rows; PERSISTENT only changes that grid (one program per SM instead of one per tile: see ``fast.py``)."""
+    if not WARP_SPECIALIZE:
+        _one_warpgroup(Q, K, V, O, LSE, N, qk_scale, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP,
+                       num_warps)
+    else:
+        dtype: gl.constexpr = Q.dtype
+        q_tiles = gl.allocate_shared_memory(dtype, [2, BLOCK_M, D], Q.layout)
+        kj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], K.layout)
+        vj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], V.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(2):
+            mbarrier.init(q_ready.index(c), count=1)
+            mbarrier.init(q_empty.index(c), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # both consumers release a slot
+            mbarrier.init(v_empty.index(i), count=2)
+        bars = (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
+        # Partitions: consumer 0 (the default one, this program's 4 warps), consumer 1 (4 more warps) and
+        # the producer (1 warp). Registers per thread: 240 for each consumer, 24 (the minimum) for the
+        # producer, within the launch's cap (fast.py: WS_MAXNREG x 3 warpgroups x 128 threads <= 65536).
+        # (The argument tuples are written inline: a tuple assigned to a name would turn constexprs to tensors.)
+        gl.warp_specialize([
+            (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
+                         0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP)),
+            (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
+                         1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP)),
+            (_producer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
+                         1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP)),
+        ], [4, 1], [240, 24])
 
 @functools.lru_cache(maxsize=64)
 def _tile_layout(rows: int, D: int, dtype: torch.dtype):
