@@ -24,8 +24,11 @@ Launch side: ``maxnreg`` caps the registers per thread, so that two programs fit
 
 ``gluon`` (the default on Hopper for 16-bit inputs and D = 64 or 128): the same loop written in Gluon
 (``fast_gluon.py``), which issues the tensor-core products asynchronously and overlaps one block's
-softmax with the previous block's ``p · v`` (FlashAttention-3's intra-warpgroup overlap). The switches
-above belong to the Triton kernel (``gluon=False``).
+softmax with the previous block's ``p · v`` (FlashAttention-3's intra-warpgroup overlap). Its
+``schedule``: "single" (one warpgroup per program), "specialized" (a producer warp and two consumer
+warpgroups per program sharing each K/V tile, registers moved to the consumers with ``setmaxnreg``) or
+"persistent" (the same, one program per SM looping over the tiles); by default ("auto") autotuning picks
+one per problem. The switches above belong to the Triton kernel (``gluon=False``).
 
 It also returns the log-sum-exp of every row (natural log), which a backward pass needs.
 
@@ -505,7 +508,9 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
     "ieee" by default as for every variant, or "tf32" for the tensor cores); for the Triton kernel only:
     use_tma, fast_exp (16-bit only), lazy_rescale, prefetch_scores, warp_specialize, maxnreg (a cap on
     registers per thread, like the tiles an explicit choice that turns autotuning off); for the Gluon
-    kernel only: overlap (default True; False waits for each product at once, for comparison).
+    kernel only: overlap (default True; False waits for each product at once, for comparison) and schedule
+    ("auto": autotuning picks; "single", "specialized", "persistent": see the module docstring; with the
+    last two, block_m is the rows of each of the two consumer warpgroups and num_warps must be 4).
     """
     B, H, N, D, scale = check_kernel_inputs(q, k, v, variant="fast", causal=causal, scale=scale,
                                             head_dims=HEAD_DIMS)
