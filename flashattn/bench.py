@@ -84,17 +84,15 @@ def compare(variants=BENCH_VARIANTS, dtypes=BENCH_DTYPES, head_dims=BENCH_HEAD_D
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant(s) {', '.join(unknown)}; accepted: {', '.join(VARIANTS)}")
+    _check_tokens(tokens, seq_lens)
     rows = []
     for dtype_name in dtypes:
         dtype = getattr(torch, dtype_name)
         for D in head_dims:
             for N in seq_lens:
-                if tokens % N:
-                    raise ValueError(f"tokens={tokens} must be a multiple of every N, got N={N}")
                 B = tokens // N
                 q, k, v = runtime.random_qkv(B, H, N, D, dtype=dtype, seed_value=N + D)
                 for causal in causals:
-                    flops = attention_flops(B, H, N, D, causal)
                     row = {"dtype": dtype_name, "B": B, "H": H, "N": N, "D": D, "causal": causal,
                            "ms": {}, "tflops": {}, "vs_sdpa": {}, "rel_error": {}}
                     kernels = {"sdpa": functools.partial(sdpa, q, k, v, causal=causal)}
@@ -103,7 +101,7 @@ def compare(variants=BENCH_VARIANTS, dtypes=BENCH_DTYPES, head_dims=BENCH_HEAD_D
                     for name, fn in kernels.items():
                         fn()  # compile and autotune outside the timing
                         row["ms"][name] = time_ms(fn)
-                        row["tflops"][name] = flops / row["ms"][name] / 1e9
+                        row["tflops"][name] = tflops(B, H, N, D, row["ms"][name], causal)
                     for name in variants:
                         row["vs_sdpa"][name] = row["ms"]["sdpa"] / row["ms"][name]
                         if check:
@@ -115,6 +113,14 @@ def compare(variants=BENCH_VARIANTS, dtypes=BENCH_DTYPES, head_dims=BENCH_HEAD_D
                     if progress:
                         progress(format_row(row, variants))
     return rows
+
+
+def _check_tokens(tokens: int, seq_lens) -> None:
+    """B = tokens // N for every N: each sequence length must divide ``tokens``."""
+    bad = [N for N in seq_lens if N < 1 or tokens % N]
+    if bad:
+        raise ValueError(f"tokens={tokens} (B·N, held fixed) must be a multiple of every sequence length; "
+                         f"{', '.join(map(str, bad))} is not a divisor")
 
 
 def format_header(variants=BENCH_VARIANTS) -> str:
@@ -148,9 +154,13 @@ def main(argv=None) -> int:
         print(f"[bench] wrote {record.run(['fast_vs_sdpa'], command='python -m flashattn.bench --record')}")
         return 0
     causals = {"both": (False, True), "true": (True,), "false": (False,)}[args.causal]
+    tokens = max(BENCH_TOKENS, *args.seq_lens)
+    try:
+        _check_tokens(tokens, args.seq_lens)
+    except ValueError as err:
+        parser.error(f"--seq-lens: {err}")
     print(format_header(args.variants), flush=True)
-    compare(args.variants, args.dtypes, args.head_dims, args.seq_lens, causals,
-            tokens=max(BENCH_TOKENS, *args.seq_lens),
+    compare(args.variants, args.dtypes, args.head_dims, args.seq_lens, causals, tokens=tokens,
             progress=lambda line: print(line, flush=True))
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import runtime
-from .bench import attention_flops, peak_memory, sdpa, time_ms
+from .bench import peak_memory, sdpa, tflops, time_ms
 from .kernels import VARIANTS
 from .record import measurement, nvidia_smi
 from .reference import reference
@@ -119,7 +119,7 @@ def _variant_table(dtypes, Ds, Ns, BN_total, variants, options=None, causal_mode
                             out = fn().double()
                             row["rel_error"] = ((out - ref).norm() / ref.norm()).item()
                             row["ms"] = time_ms(fn, rep=50)
-                            row["tflops"] = attention_flops(B, H, N, D, causal) / (row["ms"] * 1e-3) / 1e12
+                            row["tflops"] = tflops(B, H, N, D, row["ms"], causal)
                         except Exception as err:  # noqa: BLE001 - a failure is itself a result
                             row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
                         rows.append(row)

@@ -26,11 +26,6 @@ def _configs():
                              "D": D, "causal": False, "options": dict(p["options"])}
 
 
-def _launch_options(cfg) -> dict:
-    """Tile sizes, warps and stages the configuration ran with (the variant's defaults on a GPU)."""
-    return launch_tiles(cfg["variant"], cfg["dtype"], cfg["D"])
-
-
 @measurement("compiled_layouts", description="shared layouts (TTGIR), resources and SASS counts of v2 variants")
 def compiled_layouts() -> dict:
     rows = []
@@ -41,7 +36,8 @@ def compiled_layouts() -> dict:
         VARIANTS[cfg["variant"]](q, k, v, **cfg["options"])
         torch.cuda.synchronize()
         (kernel,) = compiled_kernels(attn_kernel_v2)
-        rows.append({"path": path, **{k2: cfg[k2] for k2 in ("variant", "dtype", "D", "N")}, **_launch_options(cfg),
+        tiles = launch_tiles(cfg["variant"], cfg["dtype"], cfg["D"])  # what it ran with: the variant's defaults
+        rows.append({"path": path, **{k2: cfg[k2] for k2 in ("variant", "dtype", "D", "N")}, **tiles,
                      **kernel_facts(kernel)})
     return {"rows": rows, "notes": "default options of each variant; SASS from the cubin via cuobjdump"}
 
@@ -57,7 +53,7 @@ def bank_conflicts() -> dict:
     for (path, cfg), launches in zip(configs, profiled, strict=True):
         (launch,) = launches
         rows.append({"path": path, **{k: cfg[k] for k in ("variant", "dtype", "B", "H", "N", "D")},
-                     **_launch_options(cfg), "grid": launch["grid"], "block": launch["block"],
-                     "metrics": launch["metrics"]})
+                     **launch_tiles(cfg["variant"], cfg["dtype"], cfg["D"]), "grid": launch["grid"],
+                     "block": launch["block"], "metrics": launch["metrics"]})
     return {"rows": rows, "metrics": BANK_METRICS, "ncu_version": ncu_version(),
             "notes": "ncu --clock-control none; second launch of each configuration (the first compiles)"}

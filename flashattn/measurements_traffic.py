@@ -42,7 +42,7 @@ SIZES = {
     "small": {"B": 1, "H": 4, "N": 1024, "D": 64, "naive": {"B": 1, "H": 4}},
 }
 ALL_METRICS = TRAFFIC_METRICS + SHARED_METRICS + WARP_METRICS
-BUDGET_S = 140  # stop starting new ncu runs after this (the lead's budget is 150 s on an H200)
+BUDGET_S = 140  # stop starting new ncu runs after this many seconds (a cap on the measurement's run time)
 
 
 def configs(sizes: dict = SIZES, dtype: str = DTYPE) -> list[dict]:
@@ -164,11 +164,11 @@ def _profile_group(group: list[dict], t0: float) -> tuple[list[dict], str | None
 @measurement("traffic_measured",
              description="Nsight Compute DRAM and L2 bytes of naive, v1, v2, v2_kt, v2_padded against the model")
 def traffic_measured() -> dict:
-    import torch
+    from .measurements import device_properties
 
     t0 = time.perf_counter()
     result = {"metrics": ALL_METRICS, "sizes": SIZES, "dtype": DTYPE, "ncu_version": ncu_version(),
-              "l2_cache_bytes": getattr(torch.cuda.get_device_properties(0), "L2_cache_size", None),
+              "l2_cache_bytes": device_properties()["l2_cache_bytes"],
               "notes": "ncu --clock-control none (default --cache-control all: caches flushed before each kernel); "
                        "second launch of each configuration; L2 requests = lts__t_sectors_srcunit_tex_op_* × 32 B"}
     cfgs = configs()

@@ -1,7 +1,7 @@
 """Compiled-kernel facts of every variant, normalization/exp2 ablations and the block-size sweep (notebooks 06 and 07).
 
-Each measurement is registered separately (``python -m flashattn.record --only NAME``) and stays within
-about two minutes on an H200, compile time included:
+Each measurement is registered separately (``python -m flashattn.record --only NAME``), so that one
+can be re-run on its own:
 
 * ``compiled_facts``       registers, spills, shared memory, SASS counts and occupancy of every variant
 * ``compiled_facts_fast``  the same for the ``fast`` variant (its autotuner may compile many configs)
@@ -19,7 +19,7 @@ import time
 import torch
 
 from . import runtime, tuning
-from .bench import attention_flops, time_ms
+from .bench import tflops, time_ms
 from .exercises._check import rel_error
 from .kernels import VARIANTS, launch_tiles
 from .kernels.fast import tuned_config
@@ -110,7 +110,7 @@ def _compiled_rows(variants) -> list[dict]:
                         facts["instructions"] = tuning.instruction_summary(facts.get("sass_counts", {}))
                         rows.append({**base, "kernel": tuning.kernel_name(jit), **facts, **tuned,
                                      "occupancy": _occupancy(facts, limits), "ms": ms,
-                                     "tflops": attention_flops(p["B"], p["H"], p["N"], D) / (ms * 1e-3) / 1e12})
+                                     "tflops": tflops(p["B"], p["H"], p["N"], D, ms)})
             except Exception as err:  # noqa: BLE001 - a failure is itself a result
                 rows.append({**base, "error": tuning.short_error(err)})
             _log(f"{path} D={D} {variant}: {time.perf_counter() - t0:.1f} s"
@@ -173,7 +173,7 @@ def normalization_exp2() -> dict:
                 row.update(facts, instructions=tuning.instruction_summary(facts.get("sass_counts", {})),
                            occupancy=_occupancy(facts, limits))
                 row["ms"] = time_ms(functools.partial(VARIANTS["v2"], q, k, v, **opts), warmup=10, rep=50)
-                row["tflops"] = attention_flops(p["B"], p["H"], p["N"], D) / (row["ms"] * 1e-3) / 1e12
+                row["tflops"] = tflops(p["B"], p["H"], p["N"], D, row["ms"])
             except Exception as err:  # noqa: BLE001
                 row["error"] = tuning.short_error(err)
             rows.append(row)
@@ -218,7 +218,7 @@ def sweep(path: str, D: int, configs: list[dict], *, warmup: int = 5, rep: int =
                 row["error"] = f"wrong result: relative error {err:.2e}"
             else:
                 row["ms"] = time_ms(functools.partial(VARIANTS["v2"], q, k, v, **opts), warmup=warmup, rep=rep)
-                row["tflops"] = attention_flops(p["B"], p["H"], p["N"], D) / (row["ms"] * 1e-3) / 1e12
+                row["tflops"] = tflops(p["B"], p["H"], p["N"], D, row["ms"])
         except Exception as exc:  # noqa: BLE001 - out of shared memory, compile errors: recorded as rows
             row["error"] = tuning.short_error(exc)
         rows.append(row)
@@ -261,7 +261,7 @@ def autotune_entry(D: int, path: str = "fp16_tc") -> dict:
     """triton.autotune over the pruned AUTOTUNE_SPACE for v2 at one head dimension."""
     p = tuning.PATHS[path]
     dtype = getattr(torch, p["dtype"])
-    limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    limit = tuning._shared_limit()
     full = tuning.sweep_configs(tuning.AUTOTUNE_SPACE)
     pruned = tuning.prune_autotune_space(full, d_pad=D, elem_bytes=dtype.itemsize, shared_limit=limit)
     entry = {"path": path, "dtype": p["dtype"], "B": p["B"], "H": p["H"], "N": p["N"], "D": D,
@@ -280,12 +280,11 @@ def autotune_entry(D: int, path: str = "fp16_tc") -> dict:
         entry["tuning_seconds"] = time.perf_counter() - t0
         entry["best"] = tuning.config_dict(tuned.best_config)
         entry["timings"] = tuning.timings_table(tuned)
-        flops = attention_flops(p["B"], p["H"], p["N"], D)
         entry["ms"] = time_ms(functools.partial(tuning.run_autotuned_v2, tuned, q, k, v), warmup=10, rep=50)
-        entry["tflops"] = flops / (entry["ms"] * 1e-3) / 1e12
+        entry["tflops"] = tflops(p["B"], p["H"], p["N"], D, entry["ms"])
         entry["default"] = launch_tiles("v2", dtype, D)
         entry["default_ms"] = time_ms(functools.partial(VARIANTS["v2"], q, k, v), warmup=10, rep=50)
-        entry["default_tflops"] = flops / (entry["default_ms"] * 1e-3) / 1e12
+        entry["default_tflops"] = tflops(p["B"], p["H"], p["N"], D, entry["default_ms"])
         entry["rel_error_vs_default"] = rel_error(o.float().cpu(), VARIANTS["v2"](q, k, v).float().cpu())
         _log(f"autotune D={D}: {len(pruned)} configs in {entry['tuning_seconds']:.1f} s -> "
              f"{tuning.config_label(entry['best'])}, {entry['tflops']:.0f} TFLOP/s "
@@ -319,9 +318,8 @@ OCCUPANCY_METRICS = ["sm__warps_active.avg.pct_of_peak_sustained_active", "sm__m
 def _ncu_targets() -> list[dict]:
     targets = []
     for path, p, D in _problems():
-        if (path, D) in (("fp16_tc", 64), ("fp32_ieee", 32), ("fp32_ieee", 64), ("fp16_tc", 128)):
-            targets.append({"variant": "v2", "dtype": p["dtype"], "B": p["B"], "H": p["H"], "N": p["N"], "D": D,
-                            "options": dict(p["options"]), "path": path})
+        targets.append({"variant": "v2", "dtype": p["dtype"], "B": p["B"], "H": p["H"], "N": p["N"], "D": D,
+                        "options": dict(p["options"]), "path": path})
     p = tuning.PATHS["fp16_tc"]
     targets.append({"variant": "v1", "dtype": "float16", "B": p["B"], "H": p["H"], "N": p["N"], "D": 64,
                     "options": {}, "path": "fp16_tc"})

@@ -78,7 +78,8 @@ def occupancy(*, registers_per_thread: int, shared_bytes: int, num_warps: int,
 
 # --- exercise check (notebook 06) ----------------------------------------------------------------
 
-OCCUPANCY_CASES = [  # (registers_per_thread, shared_bytes, num_warps): each case binds on another resource
+OCCUPANCY_CASES = [  # (registers_per_thread, shared_bytes, num_warps): example kernels, bound by registers,
+    # shared memory or warps, several near a rounding boundary
     (255, 41216, 4), (128, 100000, 4), (24, 0, 8), (73, 0, 4), (64, 58000, 4), (143, 0, 8), (168, 81920, 4),
 ]
 
@@ -107,5 +108,5 @@ def check_blocks_per_sm(fn) -> str:
             hint = " — the SM also has at most 64 warps: num_warps limits the blocks too"
         raise ExerciseFailed(f"{where}: got {got} blocks per SM, expected {want['blocks_per_sm']} "
                              f"(limited by {', '.join(want['limited_by'])}){hint}")
-    return f"{len(OCCUPANCY_CASES)} kernels, each limited by a different resource, agree with the calculator"
+    return f"{len(OCCUPANCY_CASES)} kernels, limited by registers, shared memory or warps, agree with the calculator"
 

@@ -39,19 +39,17 @@ SWEEP_SPACES = {
 }
 
 # The space triton.autotune searches in notebook 07 (before pruning): the one Triton's fused-attention
-# tutorial uses, less the 5 and 6 stages.
-AUTOTUNE_SPACE = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
-
-CONFIG_KEYS = TILE_KEYS
+# tutorial uses, less the 5 and 6 stages, which is also the fp16 sweep's.
+AUTOTUNE_SPACE = SWEEP_SPACES["fp16_tc"]
 
 
 def sweep_configs(space: dict) -> list[dict]:
     """Every combination of the values in ``space`` (keys ``block_m``, ``block_n``, ``num_warps``, ``num_stages``)."""
-    missing = [k for k in CONFIG_KEYS if k not in space]
+    missing = [k for k in TILE_KEYS if k not in space]
     if missing:
-        raise ValueError(f"space lacks {', '.join(missing)}; it needs {', '.join(CONFIG_KEYS)}")
-    combos = itertools.product(*(space[k] for k in CONFIG_KEYS))
-    return [dict(zip(CONFIG_KEYS, values, strict=True)) for values in combos]
+        raise ValueError(f"space lacks {', '.join(missing)}; it needs {', '.join(TILE_KEYS)}")
+    combos = itertools.product(*(space[k] for k in TILE_KEYS))
+    return [dict(zip(TILE_KEYS, values, strict=True)) for values in combos]
 
 
 def config_label(cfg: dict) -> str:
@@ -81,19 +79,14 @@ def prune_configs(configs: list, *, d_pad: int, elem_bytes: int, shared_limit: i
 
     Keeps at least one (the smallest), as ``triton.autotune`` requires.
     """
-    def as_dict(c):
-        if isinstance(c, dict):
-            return c
-        kw = c.kwargs
-        return {"block_m": kw["BLOCK_M"], "block_n": kw["BLOCK_N"], "num_warps": c.num_warps,
-                "num_stages": c.num_stages}
+    def shared(c):
+        d = c if isinstance(c, dict) else config_dict(c)
+        return estimate_shared_bytes(block_m=d["block_m"], block_n=d["block_n"], d_pad=d_pad, elem_bytes=elem_bytes,
+                                     num_stages=d["num_stages"])
 
-    kept = [c for c in configs if fits_shared(as_dict(c), d_pad=d_pad, elem_bytes=elem_bytes,
-                                              shared_limit=shared_limit)]
+    kept = [c for c in configs if shared(c) <= shared_limit]
     if not kept and configs:
-        kept = [min(configs, key=lambda c: estimate_shared_bytes(
-            block_m=as_dict(c)["block_m"], block_n=as_dict(c)["block_n"], d_pad=d_pad, elem_bytes=elem_bytes,
-            num_stages=as_dict(c)["num_stages"]))]
+        kept = [min(configs, key=shared)]
     return kept
 
 

@@ -7,7 +7,6 @@ The last test checks the recorded H200 entry when it exists (and says so when it
 from __future__ import annotations
 
 import math
-import types
 
 import pytest
 
@@ -208,9 +207,9 @@ def test_traffic_measured_end_to_end_with_fakes(monkeypatch):
     monkeypatch.setattr(mt, "ncu_profile", fake_ncu_profile)
     monkeypatch.setattr(mt, "_precheck", lambda c: "OutOfResources: shared" if (c["size"], c["variant"]) == failing
                         else None)
-    import torch
+    from flashattn import measurements
 
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(L2_cache_size=123))
+    monkeypatch.setattr(measurements, "device_properties", lambda: {"l2_cache_bytes": 123})
     result = mt.traffic_measured()
     assert groups == ["attn_kernel_v1|attn_kernel_v2", "pv_kernel|scores_kernel|softmax_kernel"]  # two ncu runs
     cfgs = mt.configs()
@@ -222,11 +221,11 @@ def test_traffic_measured_end_to_end_with_fakes(monkeypatch):
 
 
 def test_traffic_measured_without_ncu(monkeypatch):
-    import torch
+    from flashattn import measurements
 
     monkeypatch.setattr(mt, "find_ncu", lambda: None)
     monkeypatch.setattr(mt, "ncu_version", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(L2_cache_size=1))
+    monkeypatch.setattr(measurements, "device_properties", lambda: {"l2_cache_bytes": 1})
     result = mt.traffic_measured()
     assert result["error"] == "ncu not found" and all("not installed" in r["error"] for r in result["rows"])
 

@@ -32,7 +32,7 @@ def test_variant_kernels_are_named():
 
 
 def test_sweep_budget():
-    # each block sweep must stay within ~150 s on an H200 at ~2 s per configuration
+    # a cap on the sweep's size: every configuration compiles and is timed, so the count sets the run time
     for path, space in tuning.SWEEP_SPACES.items():
         assert len(tuning.sweep_configs(space)) <= 40, path
 

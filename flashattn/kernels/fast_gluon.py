@@ -330,7 +330,8 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, qk_scale,
         # Partitions: consumer 0 (the default one, this program's 4 warps), consumer 1 (4 more warps) and
         # the producer (1 warp). Registers per thread: 240 for each consumer, 24 (the minimum) for the
         # producer, within the launch's cap (fast.py: WS_MAXNREG x 3 warpgroups x 128 threads <= 65536).
-        # (The argument tuples are written inline: a tuple assigned to a name would turn constexprs to tensors.)
+        # The three take one argument list (each uses what it needs; WG says which consumer). The tuples are
+        # written inline: a tuple assigned to a name would turn its constexprs into tensors.
         gl.warp_specialize([
             (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
                          0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP)),
