@@ -6,13 +6,17 @@
 
 FLOP convention (the one FlashAttention papers use): a forward pass does two matrix products of
 2·N·N·D multiply-adds per (batch, head), so 4·B·H·N²·D FLOP; causal attention does half of that.
-Times are medians of ``triton.testing.do_bench`` (GPU only).
+Times are medians of ``triton.testing.do_bench`` (GPU only). The side-by-side table times the kernels of
+a problem in interleaved rounds (SDPA, fast, v2, SDPA, fast, v2, ...) and keeps each kernel's median over
+the rounds: an H200 under load runs at its power limit, its clock drifts by tens of percent within
+seconds, and kernels timed one after another would each meet a different clock.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import sys
 
 import torch
@@ -64,21 +68,24 @@ BENCH_HEAD_DIMS = (64, 128)
 BENCH_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 BENCH_TOKENS = 16384  # B·N is held fixed, so every row does the same number of rows of work
 BENCH_HEADS = 16
+BENCH_ROUNDS = 3
 
 
 def compare(variants=BENCH_VARIANTS, dtypes=BENCH_DTYPES, head_dims=BENCH_HEAD_DIMS, seq_lens=BENCH_SEQ_LENS,
             causals=(False, True), tokens: int = BENCH_TOKENS, H: int = BENCH_HEADS, check: bool = True,
-            progress=None) -> list[dict]:
+            rounds: int = BENCH_ROUNDS, progress=None) -> list[dict]:
     """Time each variant and SDPA on the same inputs, one problem after another, on the GPU.
 
-    One row per (dtype, D, N, causal) with B = tokens // N: ``ms`` and ``tflops`` per kernel
-    (medians of do_bench), ``vs_sdpa`` = SDPA's time / the variant's time (> 1: faster than SDPA)
-    and, with ``check``, each variant's relative error against the float64 reference on the first
-    two heads of the first batch.
+    One row per (dtype, D, N, causal) with B = tokens // N: ``ms`` and ``tflops`` per kernel (the
+    median over ``rounds`` interleaved rounds of do_bench's median; each round's time in ``ms_rounds``),
+    ``vs_sdpa`` = SDPA's time / the variant's time (> 1: faster than SDPA) and, with ``check``, each
+    variant's relative error against the float64 reference on the first two heads of the first batch.
     """
     from .kernels import VARIANTS
     from .reference import reference
 
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     if runtime.MODE != "gpu":
         raise RuntimeError("the benchmark needs a GPU; notebook 09 shows the recorded table instead")
     unknown = [v for v in variants if v not in VARIANTS]
@@ -94,19 +101,24 @@ def compare(variants=BENCH_VARIANTS, dtypes=BENCH_DTYPES, head_dims=BENCH_HEAD_D
                 q, k, v = runtime.random_qkv(B, H, N, D, dtype=dtype, seed_value=N + D)
                 for causal in causals:
                     row = {"dtype": dtype_name, "B": B, "H": H, "N": N, "D": D, "causal": causal,
-                           "ms": {}, "tflops": {}, "vs_sdpa": {}, "rel_error": {}}
+                           "ms": {}, "tflops": {}, "vs_sdpa": {}, "rel_error": {}, "ms_rounds": {}}
                     kernels = {"sdpa": functools.partial(sdpa, q, k, v, causal=causal)}
                     for name in variants:
                         kernels[name] = functools.partial(VARIANTS[name], q, k, v, causal=causal)
                     for name, fn in kernels.items():
                         fn()  # compile and autotune outside the timing
-                        row["ms"][name] = time_ms(fn)
+                        row["ms_rounds"][name] = []
+                    for _ in range(rounds):
+                        for name, fn in kernels.items():
+                            row["ms_rounds"][name].append(time_ms(fn))
+                    for name in kernels:
+                        row["ms"][name] = statistics.median(row["ms_rounds"][name])
                         row["tflops"][name] = tflops(B, H, N, D, row["ms"][name], causal)
                     for name in variants:
                         row["vs_sdpa"][name] = row["ms"]["sdpa"] / row["ms"][name]
                         if check:
                             sl = (slice(0, 1), slice(0, 2))
-                            out = VARIANTS[name](q[sl], k[sl], v[sl], causal=causal)
+                            out = kernels[name]()[sl]  # the timed call's own output
                             ref = reference(q[sl], k[sl], v[sl], causal=causal)
                             row["rel_error"][name] = ((out.double() - ref).norm() / ref.norm()).item()
                     rows.append(row)
@@ -141,9 +153,13 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dims", nargs="+", type=int, default=list(BENCH_HEAD_DIMS))
     parser.add_argument("--seq-lens", nargs="+", type=int, default=list(BENCH_SEQ_LENS))
     parser.add_argument("--causal", choices=["both", "true", "false"], default="both")
+    parser.add_argument("--rounds", type=int, default=BENCH_ROUNDS,
+                        help="interleaved timing rounds per problem (each kernel's median over them is shown)")
     parser.add_argument("--record", action="store_true",
                         help="run the default table as the 'fast_vs_sdpa' measurement and save it in figures/data/")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if runtime.MODE != "gpu":
         print("flashattn.bench times kernels on a GPU, and none is in use here (" + runtime.describe() + ").\n"
               "Notebook 09 shows the recorded table instead.", file=sys.stderr)
@@ -160,7 +176,7 @@ def main(argv=None) -> int:
     except ValueError as err:
         parser.error(f"--seq-lens: {err}")
     print(format_header(args.variants), flush=True)
-    compare(args.variants, args.dtypes, args.head_dims, args.seq_lens, causals, tokens=tokens,
+    compare(args.variants, args.dtypes, args.head_dims, args.seq_lens, causals, tokens=tokens, rounds=args.rounds,
             progress=lambda line: print(line, flush=True))
     return 0
 

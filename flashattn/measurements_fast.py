@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import statistics
 
 import torch
 
@@ -27,16 +28,18 @@ def _sdpa_backend_kernels(q, k, v) -> list[str]:
 def fast_vs_sdpa() -> dict:
     rows = bench.compare(progress=lambda line: print("  " + line, flush=True))
     for row in rows:
-        row["fast_config"] = tuned_config(row["D"], getattr(torch, row["dtype"]), row["N"], row["H"], row["causal"])
+        row["fast_config"] = tuned_config(row["D"], getattr(torch, row["dtype"]), row["N"], row["H"], row["causal"],
+                                          B=row["B"])
     q, k, v = runtime.random_qkv(4, 16, 4096, 128, dtype=torch.float16)
     return {"rows": rows, "variants": list(bench.BENCH_VARIANTS), "tokens": bench.BENCH_TOKENS,
-            "sdpa_kernels": _sdpa_backend_kernels(q, k, v),
+            "rounds": bench.BENCH_ROUNDS, "sdpa_kernels": _sdpa_backend_kernels(q, k, v),
             "flop_convention": "4·B·H·N²·D, half for causal; TFLOP/s from the median of do_bench",
-            "notes": "one run, kernels timed one after another on the same inputs; rel_error on the first "
-                     "two heads of the first batch against the float64 reference"}
+            "notes": f"one run, on the same inputs; per problem, the kernels timed in {bench.BENCH_ROUNDS} "
+                     "interleaved rounds (each kernel's median over the rounds of do_bench's median); rel_error "
+                     "on the first two heads of the first batch against the float64 reference"}
 
 
-def _ablation_steps(D: int, final: dict) -> list[tuple[str, str, dict, bool]]:
+def _ablation_steps(D: int, final: dict, causal: bool) -> list[tuple[str, str, dict, bool]]:
     """(label, variant, options, kept) from v2 to fast, one change at a time; then what was tried.
     ``final``: the tiles autotuning picked for the Triton kernel, which the tried switches start from."""
     dtype = getattr(torch, ABLATION["dtype"])
@@ -50,8 +53,12 @@ def _ablation_steps(D: int, final: dict) -> list[tuple[str, str, dict, bool]]:
         ("+ autotuned tiles (Triton kernel)", "fast", {"gluon": False}, True),
         ("Gluon kernel, async wgmma, no overlap", "fast", dict(single, overlap=False), True),
         ("+ softmax overlaps the previous p·v", "fast", single, True),
-        ("+ producer warp, two consumer warpgroups", "fast", {"gluon": True, "schedule": "specialized"}, True),
-        ("+ persistent programs", "fast", {"gluon": True, "schedule": "persistent"}, True),
+        ("+ producer warp, two consumer warpgroups", "fast", {"gluon": True, "schedule": "specialized", "consumers": 2},
+         True),
+        ("+ persistent programs", "fast", {"gluon": True, "schedule": "persistent", "consumers": 2}, True),
+        # three consumers only at D = 64; autotuning leaves them out of causal problems (a "tried" row there)
+        *([("tried: + a third consumer warpgroup" if causal else "+ a third consumer warpgroup", "fast",
+            {"gluon": True, "schedule": "persistent", "consumers": 3}, not causal)] if D == 64 else []),
         ("autotuned over the three schedules (= fast)", "fast", {}, True),
         ("tried: + packed 16-bit exp2", "fast", dict(final, fast_exp=True), False),
         ("tried: + next scores issued before the softmax", "fast", dict(final, prefetch_scores=True), False),
@@ -69,27 +76,38 @@ def fast_ablation() -> dict:
         sl = (slice(0, 1), slice(0, 2))
         for causal in (False, True):
             flops = bench.attention_flops(B, H, N, D, causal)
-            sdpa_ms = bench.time_ms(functools.partial(bench.sdpa, q, k, v, causal=causal))
             VARIANTS["fast"](q, k, v, causal=causal, gluon=False)  # autotune first: the tried switches build on it
-            final = tuned_config(D, dtype, N, H, causal, gluon=False)
+            final = tuned_config(D, dtype, N, H, causal, gluon=False, B=B)
             ref = reference(q[sl], k[sl], v[sl], causal=causal)
-            for label, variant, options, kept in _ablation_steps(D, final):
-                row = {"D": D, "causal": causal, "step": label, "variant": variant, "options": options,
-                       "kept": kept, "sdpa_ms": sdpa_ms}
+            steps, timed = [], {"sdpa": functools.partial(bench.sdpa, q, k, v, causal=causal)}
+            for label, variant, options, kept in _ablation_steps(D, final, causal):
+                row = {"D": D, "causal": causal, "step": label, "variant": variant, "options": options, "kept": kept}
                 fn = functools.partial(VARIANTS[variant], q, k, v, causal=causal, **options)
                 try:
-                    fn()
-                    out = VARIANTS[variant](q[sl], k[sl], v[sl], causal=causal, **options)
+                    out = fn()[sl]  # compiles (and autotunes) before any timing; checked on two heads
                     row["rel_error"] = ((out.double() - ref).norm() / ref.norm()).item()
-                    row["ms"] = bench.time_ms(fn)
-                    row["tflops"] = flops / row["ms"] / 1e9
-                    row["vs_sdpa"] = sdpa_ms / row["ms"]
-                    print(f"  D={D} causal={causal} {label}: {row['tflops']:.0f} TFLOP/s ({row['vs_sdpa']:.2f}× SDPA)",
-                          flush=True)
+                    timed[len(steps)] = fn
                 except Exception as err:  # a step that does not compile is a result too
                     row["error"] = short_error(err, 300)
                     print(f"  D={D} causal={causal} {label}: {row['error'][:100]}", flush=True)
-                rows.append(row)
+                steps.append(row)
+            # every step and SDPA in interleaved rounds: the clock drifts under load (see flashattn.bench)
+            times = {key: [] for key in timed}
+            for _ in range(bench.BENCH_ROUNDS):
+                for key, fn in timed.items():
+                    times[key].append(bench.time_ms(fn))
+            sdpa_ms = statistics.median(times["sdpa"])
+            for i, row in enumerate(steps):
+                row["sdpa_ms"] = sdpa_ms
+                if i in times:
+                    row["ms_rounds"] = times[i]
+                    row["ms"] = statistics.median(times[i])
+                    row["tflops"] = flops / row["ms"] / 1e9
+                    row["vs_sdpa"] = sdpa_ms / row["ms"]
+                    print(f"  D={D} causal={causal} {row['step']}: {row['tflops']:.0f} TFLOP/s "
+                          f"({row['vs_sdpa']:.2f}× SDPA)", flush=True)
+            rows += steps
     return {**{k: v for k, v in ABLATION.items() if k != "head_dims"}, "rows": rows,
-            "flop_convention": "4·B·H·N²·D, half for causal",
-            "notes": "each step timed in one run next to SDPA on the same inputs (median of do_bench)"}
+            "rounds": bench.BENCH_ROUNDS, "flop_convention": "4·B·H·N²·D, half for causal",
+            "notes": f"per (D, causal), every step and SDPA timed on the same inputs in {bench.BENCH_ROUNDS} "
+                     "interleaved rounds; each row's time is its median over the rounds of do_bench's median"}

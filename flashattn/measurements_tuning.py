@@ -103,7 +103,7 @@ def _compiled_rows(variants) -> list[dict]:
                 # fast: the tiles autotuning chose, over the first of its space and over the compiler's
                 # num_stages (which the Gluon kernel does not use: its stages are the K/V ring's)
                 if variant == "fast":
-                    tuned = tuned_config(D, dtype, p["N"], p["H"], False) or {}
+                    tuned = tuned_config(D, dtype, p["N"], p["H"], False, B=p["B"]) or {}
                 for jit in jits:
                     for kernel in compiled_kernels(jit):
                         facts = kernel_facts(kernel)

@@ -14,3 +14,12 @@ def test_bench_table_rows_and_token_check():
     bench._check_tokens(16384, (1024, 16384))
     with pytest.raises(ValueError, match="3072"):
         bench._check_tokens(16384, (1024, 3072))
+
+
+def test_bench_refuses_bad_rounds():
+    for rounds in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="rounds"):
+            bench.compare(rounds=rounds)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--rounds", "0"])
+    assert exit_info.value.code == 2

@@ -98,11 +98,22 @@ def test_bad_schedules_are_refused():
     q, k, v = qkv(1, 1, 8, 32, torch.float16, seed=0)
     with pytest.raises(ValueError, match="schedule must be one of"):
         attention_fast(q, k, v, schedule="pingpong")
-    with pytest.raises(ValueError, match="schedule='persistent' is an option of the Gluon kernel"):
+    with pytest.raises(ValueError, match="schedule='persistent'.* options of the Gluon kernel"):
         attention_fast(q, k, v, schedule="persistent", gluon=False)
+    with pytest.raises(ValueError, match="consumers=2: the schedules"):
+        attention_fast(q, k, v, consumers=2, gluon=False)
+    for consumers in (1, 4, True, "3"):
+        with pytest.raises(ValueError, match="consumers must be None, 2 or 3"):
+            attention_fast(q, k, v, consumers=consumers)
+    q128 = torch.cat([q] * 4, dim=-1)
+    with pytest.raises(ValueError, match="consumers=3 needs D=64"):
+        attention_fast(q128, q128, q128, consumers=3, schedule="persistent")
     base = {**default_options(torch.float16, 64, mode="gpu"), "use_tma": True}
     assert any("schedule='specialized'" in c for c in _gluon_conflicts({**base, "block_m": 128, "num_warps": 8,
                                                                          "schedule": "specialized"}))
+    for schedule in ("auto", "single"):
+        assert any("consumers=3" in c for c in _gluon_conflicts({**base, "consumers": 3, "schedule": schedule}))
+    assert _gluon_conflicts({**base, "consumers": 3, "schedule": "persistent"}) == []
 
 
 @INTERPRETER
@@ -184,14 +195,15 @@ def test_every_gluon_config_on_gpu(D, causal, dtype):
 
 
 @HOPPER
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize(("D", "consumers"), [(64, 2), (64, 3), (128, 2)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_warp_specialized_programs_loop_over_tiles(D, causal):
+def test_warp_specialized_programs_loop_over_tiles(D, consumers, causal):
     """More tiles than SMs: persistent programs run several tiles (the rings' phases carry over), with and
-    without the overlap; the specialized grid (one program per tile) gives the same."""
-    q, k, v = qkv(3, 16, 1100, D, torch.float16, seed=D)
+    without the overlap; the specialized grid (one program per tile) gives the same. N = 1100 is not a
+    multiple of a tile's rows (128 or 192), so the last tile of each head is ragged."""
+    q, k, v = qkv(3, 16, 1100, D, torch.float16, seed=D + consumers)
     ref, ref_lse = reference(q, k, v, causal=causal), reference_lse(q, k, v, causal)
-    tiles = dict(block_m=64, block_n=128, num_warps=4, num_stages=2)
+    tiles = dict(block_m=64, block_n=128, num_warps=4, num_stages=2, consumers=consumers)
     for schedule in ("specialized", "persistent"):
         for overlap in (True, False):
             out, lse = attention_fast(q, k, v, causal=causal, return_lse=True, schedule=schedule, overlap=overlap,

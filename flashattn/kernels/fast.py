@@ -25,9 +25,9 @@ Launch side: ``maxnreg`` caps the registers per thread, so that two programs fit
 ``gluon`` (the default on Hopper for 16-bit inputs and D = 64 or 128): the same loop written in Gluon
 (``fast_gluon.py``), which issues the tensor-core products asynchronously and overlaps one block's
 softmax with the previous block's ``p · v`` (FlashAttention-3's intra-warpgroup overlap). Its
-``schedule``: "single" (one warpgroup per program), "specialized" (a producer warp and two consumer
-warpgroups per program sharing each K/V tile, registers moved to the consumers with ``setmaxnreg``) or
-"persistent" (the same, one program per SM looping over the tiles); by default ("auto") autotuning picks
+``schedule``: "single" (one warpgroup per program), "specialized" (a producer warp and ``consumers`` = 2 or 3
+consumer warpgroups per program sharing each K/V tile, registers moved to the consumers with ``setmaxnreg``)
+or "persistent" (the same, one program per SM looping over the tiles); by default ("auto") autotuning picks
 one per problem. The switches above belong to the Triton kernel (``gluon=False``).
 
 It also returns the log-sum-exp of every row (natural log), which a backward pass needs.
@@ -247,23 +247,27 @@ TUNING_SPACE = {
 }
 FLOAT32_SPACE = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2)]
 
-# The Gluon kernel's space: (BLOCK_M, BLOCK_N, warps, K/V ring slots, schedule). Schedules:
+# The Gluon kernel's space: (BLOCK_M, BLOCK_N, warps, K/V ring slots, schedule[, consumers]). Schedules:
 #   "single":      one warpgroup (4 warps) per program, two or three programs per SM, each loading its own K/V;
-#   "specialized": a producer warp and two consumer warpgroups of BLOCK_M rows each per program, sharing K/V;
+#   "specialized": a producer warp and `consumers` (2, or 3 with D = 64) consumer warpgroups of BLOCK_M rows
+#                  each per program, sharing K/V;
 #   "persistent":  the same, one program per SM looping over the tiles.
-# Measured on the H200: single programs keep 128 rows (D=128 non-causal: nearly the whole register budget of
-# a thread, still two programs per SM) or 64 rows with a one-slot ring where two slots would leave shared
-# memory for only one program; the specialized programs want 64 rows per consumer and 128 keys.
+# Kept from what was measured on the H200 (every candidate timed in interleaved rounds next to SDPA):
+# 64 rows per warpgroup and 128 keys almost everywhere; single programs for short or causal problems
+# (D = 128: a one-slot ring, so that two programs fit in shared memory); at D = 64 non-causal, three
+# consumers (FlashAttention-3's 192-row tiles); at D = 128, two. Three consumers lose on causal problems
+# (autotuning does not try them there: see _prune_gluon).
 GLUON_SPACE = {
-    64: [(64, 128, 4, 2, "single"), (64, 128, 4, 1, "single"), (64, 64, 4, 2, "single"),
-         (64, 128, 4, 2, "specialized"), (64, 128, 4, 2, "persistent"), (64, 128, 4, 3, "persistent")],
-    128: [(128, 64, 4, 2, "single"), (64, 128, 4, 1, "single"), (64, 64, 4, 1, "single"),
+    64: [(64, 128, 4, 2, "single"), (64, 64, 4, 2, "single"),
+         (64, 128, 4, 2, "specialized"), (64, 128, 4, 2, "persistent", 3)],
+    128: [(64, 128, 4, 1, "single"), (64, 64, 4, 1, "single"),
           (64, 128, 4, 2, "specialized"), (64, 128, 4, 2, "persistent")],
 }
 SCHEDULES = ("auto", "single", "specialized", "persistent")
-# Registers per thread at launch for the specialized schedules: 3 warpgroups x 128 threads x 168 fit the
-# SM's 65536; the kernel then moves them with setmaxnreg (240 for each consumer, 24 for the producer).
-WS_MAXNREG = 168
+# Registers per thread at launch for the specialized schedules, by number of consumers: the program's warpgroups
+# (the producer's warp counts as one) x 128 threads x this fit the SM's 65536; the kernel then moves them with
+# setmaxnreg (2 consumers: 240 each, 3: 160 each; the producer keeps 24).
+WS_MAXNREG = {2: 168, 3: 128}
 
 
 def gluon_available(dtype: torch.dtype, D: int, mode: str | None = None) -> bool:
@@ -273,14 +277,21 @@ def gluon_available(dtype: torch.dtype, D: int, mode: str | None = None) -> bool
             and dtype in fast_gluon.DTYPES and D in GLUON_SPACE)
 
 
-def tuning_configs(D: int, dtype: torch.dtype, gluon: bool = False, schedule: str = "auto") -> list[dict]:
+def tuning_configs(D: int, dtype: torch.dtype, gluon: bool = False, schedule: str = "auto",
+                   consumers: int | None = None) -> list[dict]:
     """The configurations autotuning tries for head dimension ``D`` (as option dicts, with ``maxnreg``),
-    for the Gluon kernel if ``gluon`` (those of ``schedule`` only, unless it is "auto")."""
+    for the Gluon kernel if ``gluon``: those of ``schedule`` only, unless it is "auto", and with
+    ``consumers`` consumer warpgroups, if given (the schedule's tiles with that many, if none has it)."""
     if gluon:
         if D not in GLUON_SPACE or dtype == torch.float32:
             raise ValueError(f"fast: the Gluon kernel takes 16-bit inputs and D in {sorted(GLUON_SPACE)}")
-        return [dict(zip(TILE_KEYS, c[:4], strict=True), maxnreg=None, schedule=c[4]) for c in GLUON_SPACE[D]
-                if schedule in ("auto", c[4])]
+        configs = [dict(zip(TILE_KEYS, c[:4], strict=True), maxnreg=None, schedule=c[4],
+                        consumers=None if c[4] == "single" else (c[5] if len(c) > 5 else 2))
+                   for c in GLUON_SPACE[D] if schedule in ("auto", c[4])]
+        if consumers is not None:
+            configs = ([c for c in configs if c["consumers"] == consumers]
+                       or [{**c, "consumers": consumers} for c in configs if c["consumers"] is not None])
+        return configs
     space = FLOAT32_SPACE if dtype == torch.float32 else TUNING_SPACE[D]
     if dtype == torch.float32 and D == 256:
         space = [c for c in space if c[0] == 64]
@@ -300,29 +311,41 @@ def _prune(configs, named_args, **kwargs):
     return kept or configs[:1]
 
 
+def _prune_gluon(configs, named_args, **kwargs):
+    """Causal problems: no three-consumer programs (measured on the H200: they lose there, by far)."""
+    kept = [c for c in configs if not (kwargs["CAUSAL"] and c.kwargs["CONSUMERS"] == 3)]
+    return kept or configs[:1]
+
+
 _tuned_kernels: dict = {}
-_picked: dict = {}  # (D, dtype, N, H, causal, use_tma, gluon, overlap, schedule) -> tiles autotuning chose
+_picked: dict = {}  # (D, dtype, N, B, H, causal, use_tma, gluon, overlap, schedule, consumers) -> tiles autotuning chose
 
 
-def _gluon_meta(schedule: str) -> dict:
-    """The Gluon kernel's constexprs and register cap for a schedule."""
+def _gluon_meta(schedule: str, consumers: int | None = None) -> dict:
+    """The Gluon kernel's constexprs and register cap for a schedule (and number of consumer warpgroups)."""
     ws = schedule in ("specialized", "persistent")
-    return {"WARP_SPECIALIZE": ws, "PERSISTENT": schedule == "persistent", "maxnreg": WS_MAXNREG if ws else None}
+    consumers = (consumers or 2) if ws else 2  # (CONSUMERS is unused by single programs)
+    return {"WARP_SPECIALIZE": ws, "PERSISTENT": schedule == "persistent", "CONSUMERS": consumers,
+            "maxnreg": WS_MAXNREG[consumers] if ws else None}
 
 
-def _tuned_kernel(D: int, dtype: torch.dtype, gluon: bool = False, schedule: str = "auto"):
-    """``attn_kernel_fast`` (or the Gluon kernel, over ``schedule``'s configurations) under
-    ``triton.autotune`` over :func:`tuning_configs`."""
-    key = (D, dtype, gluon, schedule)
+def _tuned_kernel(D: int, dtype: torch.dtype, gluon: bool = False, schedule: str = "auto",
+                  consumers: int | None = None):
+    """``attn_kernel_fast`` (or the Gluon kernel, over the configurations of ``schedule`` and ``consumers``)
+    under ``triton.autotune`` over :func:`tuning_configs`."""
+    key = (D, dtype, gluon, schedule, consumers)
     if key not in _tuned_kernels:
         if gluon:  # the ring depth is the kernel's STAGES
             configs = []
-            for c in tuning_configs(D, dtype, gluon=True, schedule=schedule):
-                meta = _gluon_meta(c["schedule"])
+            for c in tuning_configs(D, dtype, gluon=True, schedule=schedule, consumers=consumers):
+                meta = _gluon_meta(c["schedule"], c["consumers"])
                 configs.append(triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"], "STAGES": c["num_stages"],
-                                              "WARP_SPECIALIZE": meta["WARP_SPECIALIZE"], "PERSISTENT": meta["PERSISTENT"]},
+                                              "WARP_SPECIALIZE": meta["WARP_SPECIALIZE"], "PERSISTENT": meta["PERSISTENT"],
+                                              "CONSUMERS": meta["CONSUMERS"]},
                                              num_warps=c["num_warps"], maxnreg=meta["maxnreg"], pre_hook=_set_block_shapes))
-            _tuned_kernels[key] = triton.autotune(configs, key=["N", "CAUSAL", "OVERLAP"])(fast_gluon.attn_kernel_gluon)
+            _tuned_kernels[key] = triton.autotune(configs, key=["N", "BH", "CAUSAL", "OVERLAP"],
+                                                  prune_configs_by={"early_config_prune": _prune_gluon}
+                                                  )(fast_gluon.attn_kernel_gluon)
         else:
             configs = [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"]}, num_warps=c["num_warps"],
                                      num_stages=c["num_stages"], maxnreg=c["maxnreg"], pre_hook=_set_block_shapes)
@@ -333,21 +356,24 @@ def _tuned_kernel(D: int, dtype: torch.dtype, gluon: bool = False, schedule: str
 
 
 def tuned_config(D: int, dtype: torch.dtype, N: int, H: int, causal: bool, use_tma: bool = True,
-                 gluon: bool | None = None, overlap: bool = True, schedule: str = "auto") -> dict | None:
+                 gluon: bool | None = None, overlap: bool = True, schedule: str = "auto",
+                 consumers: int | None = None, B: int | None = None) -> dict | None:
     """The configuration autotuning picked for this problem in this process, or None if not tuned yet.
-    ``gluon``: which kernel's (None: the one ``fast`` uses by default here); ``schedule``: the Gluon
-    schedules autotuning chose from."""
+    ``gluon``: which kernel's (None: the one ``fast`` uses by default here); ``schedule`` and ``consumers``:
+    the Gluon configurations autotuning chose from; ``B``: the batch (the Gluon kernel is tuned per B·H;
+    None: any)."""
     if gluon is None:
         gluon = gluon_available(dtype, D)
-    tuner = _tuned_kernels.get((D, dtype, gluon, schedule if gluon else "auto"))
+    tuner = _tuned_kernels.get((D, dtype, gluon, schedule, consumers) if gluon else (D, dtype, False, "auto", None))
     if tuner is None:
         return None
     for key, config in tuner.cache.items():
-        if gluon and tuple(key[:3]) == (N, causal, overlap):
+        if gluon and key[0] == N and (B is None or key[1] == B * H) and tuple(key[2:4]) == (causal, overlap):
             kw = config.kwargs
             picked = "single" if not kw["WARP_SPECIALIZE"] else "persistent" if kw["PERSISTENT"] else "specialized"
             return {"block_m": kw["BLOCK_M"], "block_n": kw["BLOCK_N"], "num_warps": config.num_warps,
-                    "num_stages": kw["STAGES"], "maxnreg": None, "gluon": True, "schedule": picked}
+                    "num_stages": kw["STAGES"], "maxnreg": None, "gluon": True, "schedule": picked,
+                    "consumers": kw["CONSUMERS"] if kw["WARP_SPECIALIZE"] else None}
         if not gluon and tuple(key[:4]) == (N, H, causal, use_tma):
             return {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"],
                     "num_warps": config.num_warps, "num_stages": config.num_stages, "maxnreg": config.maxnreg,
@@ -367,13 +393,13 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
     ``maxnreg`` (a register cap) is None unless autotuning picks a configuration with one.
     """
     switches = dict(fast_exp=False, lazy_rescale=False, warp_specialize=False, prefetch_scores=False, maxnreg=None,
-                    overlap=True, schedule="auto")
+                    overlap=True, schedule="auto", consumers=None)
     if (mode or runtime.MODE) == "interpreter":
         return dict(block_m=64, block_n=64, num_warps=4, num_stages=1, input_precision="ieee", autotune=False,
                     use_tma=False, gluon=False, **switches)
     hopper = runtime.HAS_GPU and torch.cuda.get_device_capability()[0] >= 9
     gluon = gluon_available(dtype, D, mode)
-    tiles = {k: v for k, v in tuning_configs(D, dtype, gluon)[0].items() if k != "schedule"}
+    tiles = {k: v for k, v in tuning_configs(D, dtype, gluon)[0].items() if k not in ("schedule", "consumers")}
     return {**tiles, "input_precision": "ieee", "autotune": True, "use_tma": hopper, "gluon": gluon, **switches}
 
 
@@ -398,6 +424,9 @@ def _gluon_conflicts(opts: dict) -> list[str]:
                      "of 4, block_m a multiple of 16·num_warps, tiles of at most 256 rows)")
     if opts["schedule"] in ("specialized", "persistent") and warps != 4:
         found.append(f"schedule={opts['schedule']!r} with num_warps={warps} (each consumer is one warpgroup: 4 warps)")
+    if opts["consumers"] is not None and opts["schedule"] not in ("specialized", "persistent"):
+        found.append(f"consumers={opts['consumers']} with schedule={opts['schedule']!r} (consumer warpgroups belong to "
+                     "the schedules 'specialized' and 'persistent': pass one of them)")
     return found
 
 
@@ -411,6 +440,11 @@ def _check_options(dtype: torch.dtype, D: int, causal: bool, options: dict) -> t
         raise ValueError(f"fast: maxnreg must be None or an integer from 24 to 255 (registers per thread), got {cap!r}")
     if opts["schedule"] not in SCHEDULES:
         raise ValueError(f"fast: schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {opts['schedule']!r}")
+    if opts["consumers"] not in (None, 2, 3) or isinstance(opts["consumers"], bool):
+        raise ValueError(f"fast: consumers must be None, 2 or 3 (consumer warpgroups per program), got {opts['consumers']!r}")
+    if opts["consumers"] == 3 and D != 64:
+        raise ValueError(f"fast: consumers=3 needs D=64, got D={D} (three consumers get 160 registers per thread "
+                         "each, too few for a larger accumulator)")
     if autotune and runtime.MODE != "gpu":
         raise ValueError("fast: autotune needs a GPU (triton.autotune times the candidates)")
     if opts["fast_exp"] and dtype == torch.float32:
@@ -434,9 +468,10 @@ def _check_options(dtype: torch.dtype, D: int, causal: bool, options: dict) -> t
         return opts, autotune
     if not opts["overlap"]:
         raise ValueError("fast: overlap=False (no softmax/p·v overlap) is an option of the Gluon kernel (gluon=True)")
-    if opts["schedule"] != "auto":
-        raise ValueError(f"fast: schedule={opts['schedule']!r} is an option of the Gluon kernel (gluon=True); the "
-                         "Triton kernel has one schedule")
+    if opts["schedule"] != "auto" or opts["consumers"] is not None:
+        raise ValueError(f"fast: schedule={opts['schedule']!r}, consumers={opts['consumers']!r}: the schedules and their "
+                         "consumer warpgroups are options of the Gluon kernel (gluon=True, with schedule='specialized' or "
+                         "'persistent'); the Triton kernel has one schedule")
     if not autotune and opts["block_n"] > opts["block_m"] and causal:
         raise ValueError(f"fast: causal needs block_n <= block_m, got {opts['block_n']} > {opts['block_m']}")
     return opts, autotune
@@ -461,12 +496,13 @@ def _resolved(dtype: torch.dtype, D: int, causal: bool, options: dict) -> tuple[
 _sm_counts: dict = {}
 
 
-def _gluon_grid(N: int, BH: int, block_m: int, warp_specialize: bool, persistent: bool, device) -> tuple:
-    """Single warpgroups: a (Q block, batch·head) grid. Specialized: one program per tile of 2·block_m rows
-    (1-D). Persistent: at most one program per SM, each looping over tiles."""
+def _gluon_grid(N: int, BH: int, block_m: int, warp_specialize: bool, persistent: bool, consumers: int,
+                device) -> tuple:
+    """Single warpgroups: a (Q block, batch·head) grid. Specialized: one program per tile of consumers·block_m
+    rows (1-D). Persistent: at most one program per SM, each looping over tiles."""
     if not warp_specialize:
         return (triton.cdiv(N, block_m), BH)
-    tiles = triton.cdiv(N, 2 * block_m) * BH
+    tiles = triton.cdiv(N, consumers * block_m) * BH
     if not persistent:
         return (tiles,)
     if device not in _sm_counts:
@@ -474,25 +510,26 @@ def _gluon_grid(N: int, BH: int, block_m: int, warp_specialize: bool, persistent
     return (min(tiles, _sm_counts[device]),)
 
 
-def _launch_gluon(q, k, v, o, lse, causal, scale, return_lse, tiles, pick_key, overlap, schedule):
+def _launch_gluon(q, k, v, o, lse, causal, scale, return_lse, tiles, pick_key, overlap, schedule, consumers):
     """Run the Gluon kernel: autotune on the first call for a problem, then launch the pick directly."""
     B, H, N, D = q.shape
     block_m, block_n = (tiles["block_m"], tiles["block_n"]) if tiles else (64, 64)  # placeholders: the hook sets them
     descs = [fast_gluon.descriptor(q, block_m), fast_gluon.descriptor(k, block_n), fast_gluon.descriptor(v, block_n)]
     args = (*descs, o, lse, N, B * H, scale * LOG2_E)
     if tiles is None:
-        kernel = _tuned_kernel(D, q.dtype, gluon=True, schedule=schedule)
+        kernel = _tuned_kernel(D, q.dtype, gluon=True, schedule=schedule, consumers=consumers)
         grid = lambda meta: _gluon_grid(N, B * H, meta["BLOCK_M"], meta["WARP_SPECIALIZE"], meta["PERSISTENT"],  # noqa: E731
-                                        q.device)
+                                        meta["CONSUMERS"], q.device)
         kernel[grid](*args, D=D, CAUSAL=causal, STORE_LSE=return_lse, OVERLAP=overlap)
-        _picked[pick_key] = tuned_config(D, q.dtype, N, H, causal, gluon=True, overlap=overlap, schedule=schedule)
+        _picked[pick_key] = tuned_config(D, q.dtype, N, H, causal, gluon=True, overlap=overlap, schedule=schedule,
+                                         consumers=consumers, B=B)
     else:
-        meta = _gluon_meta(tiles["schedule"])
-        grid = _gluon_grid(N, B * H, block_m, meta["WARP_SPECIALIZE"], meta["PERSISTENT"], q.device)
+        meta = _gluon_meta(tiles["schedule"], tiles["consumers"])
+        grid = _gluon_grid(N, B * H, block_m, meta["WARP_SPECIALIZE"], meta["PERSISTENT"], meta["CONSUMERS"], q.device)
         fast_gluon.attn_kernel_gluon[grid](
             *args, D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=tiles["num_stages"], CAUSAL=causal,
             STORE_LSE=return_lse, OVERLAP=overlap, WARP_SPECIALIZE=meta["WARP_SPECIALIZE"],
-            PERSISTENT=meta["PERSISTENT"], num_warps=tiles["num_warps"],
+            PERSISTENT=meta["PERSISTENT"], CONSUMERS=meta["CONSUMERS"], num_warps=tiles["num_warps"],
             **({"maxnreg": meta["maxnreg"]} if meta["maxnreg"] else {}))
 
 
@@ -508,9 +545,11 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
     "ieee" by default as for every variant, or "tf32" for the tensor cores); for the Triton kernel only:
     use_tma, fast_exp (16-bit only), lazy_rescale, prefetch_scores, warp_specialize, maxnreg (a cap on
     registers per thread, like the tiles an explicit choice that turns autotuning off); for the Gluon
-    kernel only: overlap (default True; False waits for each product at once, for comparison) and schedule
+    kernel only: overlap (default True; False waits for each product at once, for comparison), schedule
     ("auto": autotuning picks; "single", "specialized", "persistent": see the module docstring; with the
-    last two, block_m is the rows of each of the two consumer warpgroups and num_warps must be 4).
+    last two, block_m is the rows of each consumer warpgroup and num_warps must be 4) and consumers (with
+    those two: 2, or 3 at D = 64, consumer warpgroups per program; like the schedule, it narrows autotuning;
+    None: autotuning's pick, or 2 with explicit tiles).
     """
     B, H, N, D, scale = check_kernel_inputs(q, k, v, variant="fast", causal=causal, scale=scale,
                                             head_dims=HEAD_DIMS)
@@ -523,17 +562,20 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
         raise ValueError(f"fast: use_tma addresses rows with 32-bit coordinates; B·H·N = {B * H * N} is too large")
     # Once autotuning has picked tiles for a problem, later calls launch the kernel with them directly:
     # the autotuner's own bookkeeping costs tens of microseconds per call, as much as a short kernel.
-    pick_key = (D, q.dtype, N, H, causal, opts["use_tma"], opts["gluon"], opts["overlap"], opts["schedule"])
+    pick_key = (D, q.dtype, N, B, H, causal, opts["use_tma"], opts["gluon"], opts["overlap"], opts["schedule"],
+                opts["consumers"])
     tiles = _picked.get(pick_key) if autotune else {t: opts[t] for t in (*TILE_KEYS, "maxnreg")}
     if opts["gluon"] and tiles is not None and "schedule" not in tiles:  # explicit tiles: the schedule asked for
-        tiles = {**tiles, "schedule": "single" if opts["schedule"] == "auto" else opts["schedule"]}
+        tiles = {**tiles, "schedule": "single" if opts["schedule"] == "auto" else opts["schedule"],
+                 "consumers": opts["consumers"]}
     block_m, block_n = (tiles["block_m"], tiles["block_n"]) if tiles else (opts["block_m"], opts["block_n"])
     if opts["use_tma"]:  # the descriptors view each input as one (B·H·N, D) matrix
         # TMA wants 16-byte aligned rows and base addresses: copy inputs that are not
         q, k, v = (x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
                    for x in (q, k, v))
         if opts["gluon"]:
-            _launch_gluon(q, k, v, o, lse, causal, scale, return_lse, tiles, pick_key, opts["overlap"], opts["schedule"])
+            _launch_gluon(q, k, v, o, lse, causal, scale, return_lse, tiles, pick_key, opts["overlap"], opts["schedule"],
+                          opts["consumers"])
             return (o, lse) if return_lse else o
         if opts["warp_specialize"]:  # the kernel makes its descriptors: they need a little global scratch
             triton.set_allocator(_descriptor_scratch)

@@ -18,12 +18,13 @@ arrive by TMA into a ring of ``STAGES`` shared-memory slots, each with an mbarri
 a slot is refilled as soon as the product that reads it has finished.
 
 ``WARP_SPECIALIZE`` (FlashAttention-3's layout of a program): one *producer* warp issues every TMA copy
-and two *consumer* warpgroups, each with its own BLOCK_M rows of Q, run the loop above on the same K/V
-ring, so a program covers 2·BLOCK_M rows and every K/V tile loaded serves both. The producer needs
-almost no registers; ``setmaxnreg`` hands them to the consumers (240 per thread). mbarriers pass the
-slots around: "ready" (the copy landed) and "empty" (both consumers are done with it). The programs
-loop over tiles, so the same kernel also runs *persistent* (``PERSISTENT``: one program per SM, the
-producer already loading the next tile's Q and K/V while the consumers finish the last one).
+and ``CONSUMERS`` (2 or 3) *consumer* warpgroups, each with its own BLOCK_M rows of Q, run the loop above on
+the same K/V ring, so a program covers CONSUMERS·BLOCK_M rows and every K/V tile loaded serves them all.
+The producer needs almost no registers; ``setmaxnreg`` hands them to the consumers (240 per thread for two,
+160 for three). mbarriers pass the slots around: "ready" (the copy landed) and "empty" (every consumer is
+done with it). The programs loop over tiles, so the same kernel also runs *persistent* (``PERSISTENT``:
+one program per SM, the producer already loading the next tile's Q and K/V while the consumers finish the
+last one).
 
 Same names and results as ``attn_kernel_fast``: the running max ``mi`` in scaled base-2 units, ``li``,
 ``acc`` normalized once at the end, the log-sum-exp on request. Hopper only (``wgmma`` is sm_90's
@@ -199,21 +200,21 @@ def _key_blocks(m0, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.con
 @gluon.jit
 def _producer(Q, K, V, O, LSE, qi, kj, vj, bars, N, BH, qk_scale,
               WG: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr):
-    """One warp: every TMA copy. It refills a slot as soon as both consumers have released it."""
+              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr):
+    """One warp: every TMA copy. It refills a slot as soon as every consumer has released it."""
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
-    n_m = gl.cdiv(N, 2 * BLOCK_M)
+    n_m = gl.cdiv(N, CONSUMERS * BLOCK_M)
     it = 0  # tiles done by this program
     cnt = 0  # K/V blocks loaded by this program: the ring slot and its lap
     for t in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
         tm, bh = _tile(t, n_m, CAUSAL)
         row0 = bh * N
-        m0 = tm * 2 * BLOCK_M
-        for c in gl.static_range(2):  # each consumer's Q tile, once it has let go of the last one
+        m0 = tm * CONSUMERS * BLOCK_M
+        for c in gl.static_range(CONSUMERS):  # each consumer's Q tile, once it has let go of the last one
             mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)  # (a fresh barrier passes a wait on parity 1)
             mbarrier.expect(q_ready.index(c), Q.block_type.nbytes)
             tma_load(Q, [row0 + m0 + c * BLOCK_M, 0], q_ready.index(c), qi.index(c))
-        for j in range(_key_blocks(m0, N, 2 * BLOCK_M, BLOCK_N, CAUSAL)):
+        for j in range(_key_blocks(m0, N, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL)):
             slot = cnt % STAGES
             lap = (cnt // STAGES) & 1
             mbarrier.wait(k_empty.index(slot), lap ^ 1)
@@ -229,7 +230,7 @@ def _producer(Q, K, V, O, LSE, qi, kj, vj, bars, N, BH, qk_scale,
 @gluon.jit
 def _consumer(Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
               WG: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr):
+              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr):
     """Warpgroup ``WG``: rows ``WG·BLOCK_M ..`` of each tile, the same loop as ``_one_warpgroup``, with the
     slots' ready/empty barriers instead of issuing loads."""
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
@@ -243,14 +244,14 @@ def _consumer(Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     qi = q_tiles.index(WG)
     s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # ignored: use_acc=False
-    n_m = gl.cdiv(N, 2 * BLOCK_M)
+    n_m = gl.cdiv(N, CONSUMERS * BLOCK_M)
     it = 0
     cnt = 0
     for t in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
         tm, bh = _tile(t, n_m, CAUSAL)
         row0 = bh * N
-        m0 = tm * 2 * BLOCK_M + WG * BLOCK_M
-        n_blocks = _key_blocks(tm * 2 * BLOCK_M, N, 2 * BLOCK_M, BLOCK_N, CAUSAL)  # the producer's count
+        m0 = (tm * CONSUMERS + WG) * BLOCK_M
+        n_blocks = _key_blocks(tm * CONSUMERS * BLOCK_M, N, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL)  # the producer's count
         offs_m = m0 + gl.arange(0, BLOCK_M, layout=row_s)
         mi = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
         li = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
@@ -300,46 +301,62 @@ def _consumer(Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
 def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, qk_scale,
                       D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
-                      WARP_SPECIALIZE: gl.constexpr, PERSISTENT: gl.constexpr, num_warps: gl.constexpr):
+                      WARP_SPECIALIZE: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr,
+                      num_warps: gl.constexpr):
     """Without WARP_SPECIALIZE: a (Q block, batch·head) grid, one warpgroup per program (``_one_warpgroup``).
-    With it: a producer warp and two consumer warpgroups per program, over a 1-D grid of tiles of 2·BLOCK_M
-    rows; PERSISTENT only changes that grid (one program per SM instead of one per tile: see ``fast.py``)."""
+    With it: a producer warp and CONSUMERS (2 or 3) consumer warpgroups per program, over a 1-D grid of tiles
+    of CONSUMERS·BLOCK_M rows; PERSISTENT only changes that grid (one program per SM instead of one per tile:
+    see ``fast.py``)."""
     if not WARP_SPECIALIZE:
         _one_warpgroup(Q, K, V, O, LSE, N, qk_scale, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP,
                        num_warps)
     else:
         dtype: gl.constexpr = Q.dtype
-        q_tiles = gl.allocate_shared_memory(dtype, [2, BLOCK_M, D], Q.layout)
+        q_tiles = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, D], Q.layout)
         kj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], K.layout)
         vj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], V.layout)
-        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(2):
+        for c in gl.static_range(CONSUMERS):
             mbarrier.init(q_ready.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)  # both consumers release a slot
-            mbarrier.init(v_empty.index(i), count=2)
+            mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases a slot
+            mbarrier.init(v_empty.index(i), count=CONSUMERS)
         bars = (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
-        # Partitions: consumer 0 (the default one, this program's 4 warps), consumer 1 (4 more warps) and
-        # the producer (1 warp). Registers per thread: 240 for each consumer, 24 (the minimum) for the
-        # producer, within the launch's cap (fast.py: WS_MAXNREG x 3 warpgroups x 128 threads <= 65536).
-        # The three take one argument list (each uses what it needs; WG says which consumer). The tuples are
-        # written inline: a tuple assigned to a name would turn its constexprs into tensors.
-        gl.warp_specialize([
-            (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
-                         0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP)),
-            (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
-                         1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP)),
-            (_producer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
-                         1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP)),
-        ], [4, 1], [240, 24])
+        # Partitions: consumer 0 (the default one, this program's 4 warps), the other consumers (4 warps each)
+        # and the producer (1 warp). The registers of a thread, within the launch's cap (fast.py: WS_MAXNREG),
+        # go to the consumers: 240 each for two (3 warpgroups x 128 threads x 168 = the SM's 65536 at launch),
+        # 160 each for three (4 warpgroups x 128 x 128); the producer keeps 24 (the minimum).
+        # The partitions take one argument list (each uses what it needs; WG says which consumer). The tuples
+        # are written inline: a tuple assigned to a name would turn its constexprs into tensors.
+        if CONSUMERS == 2:
+            gl.warp_specialize([
+                (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
+                             0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
+                (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
+                             1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
+                (_producer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
+                             0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
+            ], [4, 1], [240, 24])
+        else:
+            gl.warp_specialize([
+                (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
+                             0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
+                (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
+                             1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
+                (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
+                             2, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
+                (_producer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
+                             0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
+            ], [4, 4, 1], [160, 160, 24])
+
 
 @functools.lru_cache(maxsize=64)
 def _tile_layout(rows: int, D: int, dtype: torch.dtype):
