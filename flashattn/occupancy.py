@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .exercises._check import ExerciseFailed, call, exercise
-
 REGISTER_UNIT = 256  # registers are allocated to a warp in multiples of this
 SHARED_UNIT = 128  # bytes
 SHARED_RESERVED_PER_BLOCK = 1024  # bytes the driver keeps per block (sm_80 and later)
@@ -74,39 +72,3 @@ def occupancy(*, registers_per_thread: int, shared_bytes: int, num_warps: int,
         "occupancy": blocks * num_warps / limits.max_warps,
         "limited_by": [name for name, n in per_resource.items() if n == blocks],
     }
-
-
-# --- exercise check (notebook 06) ----------------------------------------------------------------
-
-OCCUPANCY_CASES = [  # (registers_per_thread, shared_bytes, num_warps): example kernels, bound by registers,
-    # shared memory or warps, several near a rounding boundary
-    (255, 41216, 4), (128, 100000, 4), (24, 0, 8), (73, 0, 4), (64, 58000, 4), (143, 0, 8), (168, 81920, 4),
-]
-
-
-@exercise("blocks per SM")
-def check_blocks_per_sm(fn) -> str:
-    """``fn(registers_per_thread, shared_bytes, num_warps) -> blocks per SM`` on an H100/H200-like SM."""
-
-    limits = SMLimits()
-    for regs, shared, warps in OCCUPANCY_CASES:
-        want = occupancy(registers_per_thread=regs, shared_bytes=shared, num_warps=warps, limits=limits)
-        got = call(fn, regs, shared, warps)
-        if got == want["blocks_per_sm"]:
-            continue
-        where = f"registers_per_thread={regs}, shared_bytes={shared}, num_warps={warps}"
-        no_rounding = min(limits.registers // (regs * 32 * warps), want["limits"]["shared_memory"],
-                          want["limits"]["warps"], limits.max_blocks)
-        no_reserve = min(want["limits"]["registers"], want["limits"]["warps"], limits.max_blocks,
-                         limits.shared_bytes // max(1, _round_up(shared, SHARED_UNIT)) if shared else limits.max_blocks)
-        hint = ""
-        if got == no_rounding:
-            hint = " — registers are allocated per warp in units of 256: round regs·32 up before dividing"
-        elif got == no_reserve:
-            hint = " — each block also costs the 1 KiB the driver reserves (after rounding to 128 bytes)"
-        elif got == min(want["limits"]["registers"], want["limits"]["shared_memory"], limits.max_blocks):
-            hint = " — the SM also has at most 64 warps: num_warps limits the blocks too"
-        raise ExerciseFailed(f"{where}: got {got} blocks per SM, expected {want['blocks_per_sm']} "
-                             f"(limited by {', '.join(want['limited_by'])}){hint}")
-    return f"{len(OCCUPANCY_CASES)} kernels, limited by registers, shared memory or warps, agree with the calculator"
-

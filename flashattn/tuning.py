@@ -19,7 +19,6 @@ import math
 
 import torch
 
-from .exercises._check import ExerciseFailed, call, exercise
 from .validate import TILE_KEYS
 
 # --- the problems and the spaces swept ---------------------------------------------------------
@@ -134,29 +133,6 @@ def fa1_block_sizes(sram_bytes: int, D: int, elem_bytes: int, *, min_block: int 
         return min(max_block, max(min_block, _pow2_floor(x)))
 
     return {"sram_elements": M, "bc": bc, "br": br, "block_n": tile(bc), "block_m": tile(br)}
-
-
-@exercise("FA1 block sizes")
-def check_fa1_block_sizes(fn) -> str:
-    """``fn(sram_bytes, D, elem_bytes) -> (Bc, Br)``, the raw (not rounded) values of the paper's rule."""
-    cases = [(48 * 1024, 64, 4), (48 * 1024, 32, 4), (232448, 64, 2), (232448, 128, 2), (100_000, 48, 2),
-             (1000, 64, 4)]
-    for sram, D, eb in cases:
-        want = fa1_block_sizes(sram, D, eb)
-        got = call(fn, sram, D, eb)
-        if not (isinstance(got, tuple) and len(got) == 2):
-            raise ExerciseFailed(f"return a tuple (Bc, Br), got {got!r}")
-        bc, br = got
-        where = f"for sram_bytes={sram}, D={D}, elem_bytes={eb}"
-        if bc == math.ceil(sram / (4 * D)):
-            raise ExerciseFailed(f"Bc={bc} {where}: M counts elements, not bytes (divide by elem_bytes)")
-        if bc == (sram // eb) // (4 * D) and bc != want["bc"]:
-            raise ExerciseFailed(f"Bc={bc} {where}: the paper rounds M / (4d) up (math.ceil), not down")
-        if bc != want["bc"]:
-            raise ExerciseFailed(f"Bc={bc} {where}, expected {want['bc']} (= ceil(M / (4·D)), M in elements)")
-        if br != want["br"]:
-            raise ExerciseFailed(f"Br={br} {where}, expected {want['br']} (= min(Bc, D))")
-    return f"{len(cases)} cases agree with the paper's rule"
 
 
 # --- the sweep as a grid -----------------------------------------------------------------------
@@ -356,28 +332,3 @@ def progress_text(done: int, total: int, width: int = 24, label: str = "") -> st
     total = max(total, 1)
     filled = round(width * min(done, total) / total)
     return f"[{'#' * filled}{'.' * (width - filled)}] {done:>{len(str(total))}}/{total} {label}".rstrip()
-
-
-class Progress:
-    """A progress bar: an ipywidgets.IntProgress in a notebook, a text line otherwise."""
-
-    def __init__(self, total: int, description: str = "", widget: bool = True):
-        self.total, self.done, self.description, self.bar = total, 0, description, None
-        if widget:
-            try:
-                from IPython import get_ipython
-                from IPython.display import display
-                from ipywidgets import IntProgress
-
-                if get_ipython() is not None:
-                    self.bar = IntProgress(min=0, max=total, description=description)
-                    display(self.bar)
-            except ImportError:
-                self.bar = None
-
-    def step(self, label: str = "") -> None:
-        self.done += 1
-        if self.bar is not None:
-            self.bar.value = self.done
-        else:
-            print(progress_text(self.done, self.total, label=f"{self.description} {label}".strip()), flush=True)

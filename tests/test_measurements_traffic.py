@@ -12,6 +12,8 @@ import pytest
 
 from flashattn import measurements_traffic as mt
 from flashattn import profile, recorded, traffic
+from flashattn.exercises import ExerciseFailed
+from flashattn.exercises.traffic import check_l2_request_bytes, check_l2_served_fraction
 from flashattn.kernels import launch_tiles
 
 PROBLEM = dict(B=2, H=3, N=333, D=48, dtype_bytes=2)  # N not a multiple of any block
@@ -269,8 +271,8 @@ def _stub(*args):
 def test_check_l2_request_bytes(capsys):
     right = lambda m: {"read": 32 * m["lts__t_sectors_srcunit_tex_op_read.sum"],  # noqa: E731
                        "write": 32 * m["lts__t_sectors_srcunit_tex_op_write.sum"]}
-    assert traffic.check_l2_request_bytes(right) is True
-    assert traffic.check_l2_request_bytes(_stub) is False and "not attempted" in capsys.readouterr().out
+    assert check_l2_request_bytes(right) is True
+    assert check_l2_request_bytes(_stub) is False and "not attempted" in capsys.readouterr().out
     wrong = {
         "a sector is 32 bytes": lambda m: {"read": m["lts__t_sectors_srcunit_tex_op_read.sum"],
                                            "write": m["lts__t_sectors_srcunit_tex_op_write.sum"]},
@@ -280,13 +282,13 @@ def test_check_l2_request_bytes(capsys):
         "keys 'read' and 'write'": lambda m: (1, 2),
     }
     for message, fn in wrong.items():
-        with pytest.raises(traffic.ExerciseFailed, match=message):
-            traffic.check_l2_request_bytes(fn)
+        with pytest.raises(ExerciseFailed, match=message):
+            check_l2_request_bytes(fn)
 
 
 def test_check_l2_served_fraction(capsys):
-    assert traffic.check_l2_served_fraction(traffic.l2_served_fraction) is True
-    assert traffic.check_l2_served_fraction(_stub) is False
+    assert check_l2_served_fraction(traffic.l2_served_fraction) is True
+    assert check_l2_served_fraction(_stub) is False
     wrong = {
         "DRAM ÷ model": lambda d, m, c: d / m,
         "compulsory reads can never be served": lambda d, m, c: 1 - d / m,
@@ -296,5 +298,5 @@ def test_check_l2_served_fraction(capsys):
         "one number": lambda d, m, c: "0.9",
     }
     for message, fn in wrong.items():
-        with pytest.raises(traffic.ExerciseFailed, match=message):
-            traffic.check_l2_served_fraction(fn)
+        with pytest.raises(ExerciseFailed, match=message):
+            check_l2_served_fraction(fn)

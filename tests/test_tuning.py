@@ -5,7 +5,9 @@ import math
 import pytest
 
 from flashattn import recorded, tuning
-from flashattn.occupancy import check_blocks_per_sm, occupancy
+from flashattn.exercises.occupancy import check_blocks_per_sm
+from flashattn.exercises.tuning import check_fa1_block_sizes
+from flashattn.occupancy import occupancy
 
 
 def test_sweep_configs_is_the_product():
@@ -85,15 +87,15 @@ def test_fa1_check_catches_mistakes():
         bc = (s // eb) // (4 * D)
         return bc, min(bc, D)
 
-    assert tuning.check_fa1_block_sizes(right) is True
+    assert check_fa1_block_sizes(right) is True
     for wrong, words in ((bytes_not_elements, "elements"), (floor, "up")):
         with pytest.raises(AssertionError, match=words):
-            tuning.check_fa1_block_sizes(wrong)
+            check_fa1_block_sizes(wrong)
 
     def stub(s, D, eb):
         raise NotImplementedError
 
-    assert tuning.check_fa1_block_sizes(stub) is False
+    assert check_fa1_block_sizes(stub) is False
 
 
 def test_blocks_per_sm_check():
