@@ -45,6 +45,17 @@ def time_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
     return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
+def time_rounds(fns: dict, rounds: int) -> dict[str, list[float]]:
+    """Each ``fns[name]()`` timed by :func:`time_ms` in ``rounds`` interleaved rounds (a, b, c, a, b, c, ...):
+    under load the clock drifts, and interleaving lets every function meet the same drift. Returns each
+    name's times, one per round (the callers keep their median)."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(time_ms(fn))
+    return times
+
+
 def sdpa(q, k, v, *, causal=False, scale=None):
     """PyTorch's own attention, the baseline every kernel is compared with."""
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
@@ -101,16 +112,13 @@ def compare(variants=BENCH_VARIANTS, dtypes=BENCH_DTYPES, head_dims=BENCH_HEAD_D
                 q, k, v = runtime.random_qkv(B, H, N, D, dtype=dtype, seed_value=N + D)
                 for causal in causals:
                     row = {"dtype": dtype_name, "B": B, "H": H, "N": N, "D": D, "causal": causal,
-                           "ms": {}, "tflops": {}, "vs_sdpa": {}, "rel_error": {}, "ms_rounds": {}}
+                           "ms": {}, "tflops": {}, "vs_sdpa": {}, "rel_error": {}}
                     kernels = {"sdpa": functools.partial(sdpa, q, k, v, causal=causal)}
                     for name in variants:
                         kernels[name] = functools.partial(VARIANTS[name], q, k, v, causal=causal)
-                    for name, fn in kernels.items():
+                    for fn in kernels.values():
                         fn()  # compile and autotune outside the timing
-                        row["ms_rounds"][name] = []
-                    for _ in range(rounds):
-                        for name, fn in kernels.items():
-                            row["ms_rounds"][name].append(time_ms(fn))
+                    row["ms_rounds"] = time_rounds(kernels, rounds)
                     for name in kernels:
                         row["ms"][name] = statistics.median(row["ms_rounds"][name])
                         row["tflops"][name] = tflops(B, H, N, D, row["ms"][name], causal)

@@ -75,7 +75,6 @@ def fast_ablation() -> dict:
         q, k, v = runtime.random_qkv(B, H, N, D, dtype=dtype, seed_value=D)
         sl = (slice(0, 1), slice(0, 2))
         for causal in (False, True):
-            flops = bench.attention_flops(B, H, N, D, causal)
             VARIANTS["fast"](q, k, v, causal=causal, gluon=False)  # autotune first: the tried switches build on it
             final = tuned_config(D, dtype, N, H, causal, gluon=False, B=B)
             ref = reference(q[sl], k[sl], v[sl], causal=causal)
@@ -92,17 +91,14 @@ def fast_ablation() -> dict:
                     print(f"  D={D} causal={causal} {label}: {row['error'][:100]}", flush=True)
                 steps.append(row)
             # every step and SDPA in interleaved rounds: the clock drifts under load (see flashattn.bench)
-            times = {key: [] for key in timed}
-            for _ in range(bench.BENCH_ROUNDS):
-                for key, fn in timed.items():
-                    times[key].append(bench.time_ms(fn))
+            times = bench.time_rounds(timed, bench.BENCH_ROUNDS)
             sdpa_ms = statistics.median(times["sdpa"])
             for i, row in enumerate(steps):
                 row["sdpa_ms"] = sdpa_ms
                 if i in times:
                     row["ms_rounds"] = times[i]
                     row["ms"] = statistics.median(times[i])
-                    row["tflops"] = flops / row["ms"] / 1e9
+                    row["tflops"] = bench.tflops(B, H, N, D, row["ms"], causal)
                     row["vs_sdpa"] = sdpa_ms / row["ms"]
                     print(f"  D={D} causal={causal} {row['step']}: {row['tflops']:.0f} TFLOP/s "
                           f"({row['vs_sdpa']:.2f}× SDPA)", flush=True)

@@ -23,3 +23,11 @@ def test_bench_refuses_bad_rounds():
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--rounds", "0"])
     assert exit_info.value.code == 2
+
+
+def test_time_rounds_interleaves(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench, "time_ms", lambda fn: (calls.append(fn()), len(calls))[1])
+    times = bench.time_rounds({"a": lambda: "a", "b": lambda: "b"}, rounds=3)
+    assert calls == ["a", "b", "a", "b", "a", "b"]  # a, b, a, b, ...: not a, a, a, b, b, b
+    assert times == {"a": [1, 3, 5], "b": [2, 4, 6]}
