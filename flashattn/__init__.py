@@ -1,15 +1,51 @@
 """FlashAttention in Triton, a course: the package every notebook imports.
 
-``runtime`` is imported first: it sets TRITON_INTERPRET=1 when there is no GPU, and Triton reads
-that variable when each kernel's ``@triton.jit`` runs.
+The package is grouped by role:
+
+* ``kernels/``   the attention kernels, one family per file, and the registry of variants;
+* ``models/``    the models a learner reasons with: softmax, traffic, banks, occupancy, roofline, tuning;
+* ``measure/``   compiled-kernel facts, Nsight Compute, recorded results and the registered measurements
+                 (``bench`` and ``record``, the two command lines, sit at the top);
+* ``teaching/``  plots, widgets, figures and the source post's numbers;
+* ``exercises/`` the checks of the notebooks' exercises.
+
+The modules a notebook uses are importable by their short names (``from flashattn import traffic``);
+they are loaded on first use. ``runtime`` is imported first: it sets TRITON_INTERPRET=1 when there is
+no GPU, and Triton reads that variable when each kernel's ``@triton.jit`` runs.
 """
+
+import importlib
 
 from . import runtime  # noqa: I001  (must come before the kernels)
 from .kernels import VARIANTS
 from .reference import reference
 from .runtime import describe
 
-__all__ = ["VARIANTS", "attention", "describe", "reference", "runtime"]
+# short name -> module, for ``from flashattn import traffic``
+MODULES = {
+    "softmax": "flashattn.models.softmax",
+    "traffic": "flashattn.models.traffic",
+    "banks": "flashattn.models.banks",
+    "occupancy": "flashattn.models.occupancy",
+    "roofline": "flashattn.models.roofline",
+    "tuning": "flashattn.models.tuning",
+    "profile": "flashattn.measure.profile",
+    "recorded": "flashattn.measure.recorded",
+    "measurements": "flashattn.measure.measurements",
+    "plots": "flashattn.teaching.plots",
+    "widgets": "flashattn.teaching.widgets",
+    "bench": "flashattn.bench",
+    "record": "flashattn.record",
+    "exercises": "flashattn.exercises",
+}
+
+__all__ = ["VARIANTS", "attention", "describe", "reference", "runtime", *MODULES]
+
+
+def __getattr__(name):
+    if name in MODULES:
+        return importlib.import_module(MODULES[name])
+    raise AttributeError(f"module 'flashattn' has no attribute {name!r}")
 
 
 def attention(q, k, v, *, variant: str = "v2", causal: bool = False, scale=None, **options):

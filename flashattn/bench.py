@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from . import runtime
+from flashattn import runtime
 
 
 def attention_flops(B: int, H: int, N: int, D: int, causal: bool = False) -> float:
@@ -71,7 +71,7 @@ def peak_memory(fn) -> int:
     return torch.cuda.max_memory_allocated() - before
 
 
-# --- the side-by-side benchmark of notebook 09 ---------------------------------------------------
+# --- the side-by-side benchmark of notebook 10 ---------------------------------------------------
 
 BENCH_VARIANTS = ("fast", "v2")
 BENCH_DTYPES = ("float16", "bfloat16")
@@ -92,13 +92,13 @@ def compare(variants=BENCH_VARIANTS, dtypes=BENCH_DTYPES, head_dims=BENCH_HEAD_D
     ``vs_sdpa`` = SDPA's time / the variant's time (> 1: faster than SDPA) and, with ``check``, each
     variant's relative error against the float64 reference on the first two heads of the first batch.
     """
-    from .kernels import VARIANTS
-    from .reference import reference
+    from flashattn.kernels import VARIANTS
+    from flashattn.reference import reference
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     if runtime.MODE != "gpu":
-        raise RuntimeError("the benchmark needs a GPU; notebook 09 shows the recorded table instead")
+        raise RuntimeError("the benchmark needs a GPU; notebook 10 shows the recorded table instead")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant(s) {', '.join(unknown)}; accepted: {', '.join(VARIANTS)}")
@@ -170,10 +170,10 @@ def main(argv=None) -> int:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if runtime.MODE != "gpu":
         print("flashattn.bench times kernels on a GPU, and none is in use here (" + runtime.describe() + ").\n"
-              "Notebook 09 shows the recorded table instead.", file=sys.stderr)
+              "Notebook 10 shows the recorded table instead.", file=sys.stderr)
         return 2
     if args.record:
-        from . import record
+        from flashattn import record
 
         print(f"[bench] wrote {record.run(['fast_vs_sdpa'], command='python -m flashattn.bench --record')}")
         return 0

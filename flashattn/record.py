@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-from . import runtime
-from .recorded import DATA_DIR
+from flashattn import runtime
+from flashattn.measure.measurements import MODULES as _MEASUREMENT_NAMES
+from flashattn.measure.recorded import DATA_DIR
 
 REGISTRY: dict[str, dict] = {}
-MEASUREMENT_MODULES = ["flashattn.measurements", "flashattn.measurements_hw", "flashattn.measurements_traffic",
-                       "flashattn.measurements_tuning", "flashattn.measurements_fast"]
+MEASUREMENT_MODULES = [f"flashattn.measure.measurements.{name}" for name in _MEASUREMENT_NAMES]
 
 
 def measurement(name: str, *, description: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .validate import check_causal, check_scale, check_shapes
+from flashattn.validate import check_causal, check_scale, check_shapes
 
 
 def reference(q, k, v, causal: bool = False, scale: float | None = None) -> torch.Tensor:

@@ -15,10 +15,14 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 HAS_GPU = torch.cuda.is_available()
+
+# The repository (an editable install): figures/ and figures/data/ live here.
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # The user may force either mode with TRITON_INTERPRET=0/1; otherwise no GPU means interpreter.
 if "TRITON_INTERPRET" not in os.environ and not HAS_GPU:

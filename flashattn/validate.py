@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from . import runtime
+from flashattn import runtime
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 POW2_HEAD_DIMS = (16, 32, 64, 128, 256)

@@ -284,7 +284,7 @@ def test_column_read_ways(D, pad, access, ways):
 
 
 def test_patterns_the_course_discusses():
-    """Section 2-5 of notebook 05: which layout fixes a column read of a 64×D float32 K tile."""
+    """Section 2-5 of notebook 06: which layout fixes a column read of a 64×D float32 K tile."""
     for D in (32, 64):
         results = {title: banks.column_read(layout).wavefronts for title, layout in banks.comparison_layouts(D)}
         assert list(results.values()) == [32, 1, 32, 1, 4]  # row-major, +1, doubled, transposed, XOR (scalar)

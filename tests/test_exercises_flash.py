@@ -1,4 +1,4 @@
-"""The checks of notebooks 03 and 04 pass a right answer, skip a stub, and name each classic mistake."""
+"""The checks of notebooks 04 and 05 pass a right answer, skip a stub, and name each classic mistake."""
 
 import math
 

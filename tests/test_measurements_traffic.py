@@ -10,11 +10,11 @@ import math
 
 import pytest
 
-from flashattn import measurements_traffic as mt
 from flashattn import profile, recorded, traffic
 from flashattn.exercises import ExerciseFailed
 from flashattn.exercises.traffic import check_l2_request_bytes, check_l2_served_fraction
 from flashattn.kernels import launch_tiles
+from flashattn.measure.measurements import traffic as mt
 
 PROBLEM = dict(B=2, H=3, N=333, D=48, dtype_bytes=2)  # N not a multiple of any block
 
@@ -209,7 +209,7 @@ def test_traffic_measured_end_to_end_with_fakes(monkeypatch):
     monkeypatch.setattr(mt, "ncu_profile", fake_ncu_profile)
     monkeypatch.setattr(mt, "_precheck", lambda c: "OutOfResources: shared" if (c["size"], c["variant"]) == failing
                         else None)
-    from flashattn import measurements
+    from flashattn.measure.measurements import core as measurements
 
     monkeypatch.setattr(measurements, "device_properties", lambda: {"l2_cache_bytes": 123})
     result = mt.traffic_measured()
@@ -219,11 +219,11 @@ def test_traffic_measured_end_to_end_with_fakes(monkeypatch):
     errors = [(r["size"], r["variant"]) for r in result["rows"] if "error" in r]
     assert errors == [failing]
     assert result["l2_cache_bytes"] == 123 and result["ncu_version"] == "fake 1.0"
-    assert "flashattn.profile" in result["example_command"]
+    assert "flashattn.measure.profile" in result["example_command"]
 
 
 def test_traffic_measured_without_ncu(monkeypatch):
-    from flashattn import measurements
+    from flashattn.measure.measurements import core as measurements
 
     monkeypatch.setattr(mt, "find_ncu", lambda: None)
     monkeypatch.setattr(mt, "ncu_version", lambda: None)
@@ -254,7 +254,7 @@ def test_recorded_entry_is_consistent():
         assert summary["v2_over_v1_dram_read"] <= 0.10
 
 
-# --- the exercises of notebook 08 -------------------------------------------------------------------------
+# --- the exercises of notebook 09 -------------------------------------------------------------------------
 
 
 def test_l2_served_fraction():

@@ -1,7 +1,14 @@
 """measurements_tuning: registration and the shapes the notebooks read (GPU code paths run on the H200 only)."""
 
 from flashattn import record, tuning
-from flashattn.measurements_tuning import ABLATIONS, AUTOTUNE_NAMES, CHECK, SWEEP_NAMES, _ncu_targets, _variant_jits
+from flashattn.measure.measurements.tuning import (
+    ABLATIONS,
+    AUTOTUNE_NAMES,
+    CHECK,
+    SWEEP_NAMES,
+    _ncu_targets,
+    _variant_jits,
+)
 
 
 def test_every_measurement_is_registered():

@@ -3,7 +3,7 @@
 import pytest
 
 from flashattn import recorded
-from flashattn.occupancy import SMLimits, occupancy
+from flashattn.models.occupancy import SMLimits, occupancy
 
 
 def test_hand_worked_register_bound():

@@ -55,7 +55,7 @@ def test_ncu_command_line():
     cmd = profile.ncu_command("/x/ncu", [{"variant": "v2"}], ["a.sum", "b.sum"], "attn_kernel_v2")
     assert cmd[:3] == ["/x/ncu", "--clock-control", "none"]
     assert "--csv" in cmd and "a.sum,b.sum" in cmd and "regex:attn_kernel_v2" in cmd
-    assert cmd[-3:-1] == ["-m", "flashattn.profile"]
+    assert cmd[-3:-1] == ["-m", "flashattn.measure.profile"]
 
 
 def test_sass_opcode_counts():
@@ -127,7 +127,7 @@ def test_ncu_shell_command_single_config_skips_the_warmup():
     # three kernels per call: skip the three of the warm-up call, profile the next three
     assert args[args.index("--launch-skip") + 1] == "3" and args[args.index("--launch-count") + 1] == "3"
     assert args[args.index("--metrics") + 1] == ",".join(profile.TRAFFIC_METRICS)
-    assert "--csv" in args and args[-3:-1] == ["-m", "flashattn.profile"]
+    assert "--csv" in args and args[-3:-1] == ["-m", "flashattn.measure.profile"]
     assert json.loads(args[-1]) == [cfg]
 
 

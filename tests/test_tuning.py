@@ -7,7 +7,7 @@ import pytest
 from flashattn import recorded, tuning
 from flashattn.exercises.occupancy import check_blocks_per_sm
 from flashattn.exercises.tuning import check_fa1_block_sizes
-from flashattn.occupancy import occupancy
+from flashattn.models.occupancy import occupancy
 
 
 def test_sweep_configs_is_the_product():

@@ -1,4 +1,4 @@
-"""Checks for notebook 05 (shared-memory bank conflicts).
+"""Checks for notebook 06 (shared-memory bank conflicts).
 
 ``check_wavefront_predictions`` takes the learner's hand-made predictions for a fixed set of warp
 requests (:data:`PREDICTION_CASES`); ``check_padding`` takes a function that proposes a row padding.
@@ -13,7 +13,8 @@ import numbers
 from collections import Counter
 from dataclasses import dataclass
 
-from .. import banks
+from flashattn.models import banks
+
 from ._check import ExerciseFailed, _NotAttempted, call, exercise
 
 # --- exercise 1: predict the wavefronts -------------------------------------------------------

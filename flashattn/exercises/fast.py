@@ -1,4 +1,4 @@
-"""Exercise of notebook 09: how much of the tensor cores' time the exponentials cost."""
+"""Exercise of notebook 10: how much of the tensor cores' time the exponentials cost."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Exercises of notebooks 03 and 04: the FlashAttention updates, in plain PyTorch over tiles.
+"""Exercises of notebooks 04 and 05: the FlashAttention updates, in plain PyTorch over tiles.
 
 * ``check_flash_v1_step(fn)``: ``fn(qi, kj, vj, oi, li, mi, scale) -> (oi_new, li_new, mi_new)``, one
-  FlashAttention-1 update (the state kept normalized, with alpha and beta), notebook 03.
+  FlashAttention-1 update (the state kept normalized, with alpha and beta), notebook 04.
 * ``check_flash_v2(fn)``: ``fn(q, k, v, block_n, causal) -> out``, one head of FlashAttention-2:
-  stream over K/V blocks keeping (mi, li, acc), divide once at the end, notebook 04.
+  stream over K/V blocks keeping (mi, li, acc), divide once at the end, notebook 05.
 
 Each check runs the learner's function on fresh random inputs whose length is not a multiple of the
 block, compares it with the float64 reference, and, when it is wrong, compares it with "mistake
@@ -16,7 +16,8 @@ import math
 
 import torch
 
-from ..reference import reference
+from flashattn.reference import reference
+
 from ._check import ExerciseFailed, call, exercise, rel_error
 
 TOL = 1e-4  # float32 arithmetic gives ~1e-7; every mistake model is off by far more than this
@@ -64,7 +65,7 @@ def _factor(out_row: torch.Tensor, ref_row: torch.Tensor) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 1 (notebook 04): FlashAttention-2 for one head, streaming over K/V blocks
+# Exercise 1 (notebook 05): FlashAttention-2 for one head, streaming over K/V blocks
 
 
 def flash_v2_model(q, k, v, block_n: int, causal: bool, *, rescale_acc=True, rescale_l=True,
@@ -206,7 +207,7 @@ def check_flash_v2(fn) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 2 (notebook 03): one FlashAttention-1 update, the state kept normalized
+# Exercise 2 (notebook 04): one FlashAttention-1 update, the state kept normalized
 
 
 def flash_v1_step_model(qi, kj, vj, oi, li, mi, scale, *, beta_in_o=True, beta_in_l=True, alpha=True,

@@ -10,7 +10,8 @@ import math
 
 import torch
 
-from ..reference import reference
+from flashattn.reference import reference
+
 from ._check import ExerciseFailed, call, exercise, rel_error
 
 # --- notebook 00: arithmetic intensity and the roofline ----------------------------------------
@@ -105,7 +106,7 @@ def check_attainable(fn):
     return "the roofline is min(compute peak, intensity × bandwidth)"
 
 
-# --- notebook 01: attention in PyTorch ---------------------------------------------------------
+# --- notebook 02: attention in PyTorch ---------------------------------------------------------
 
 # Odd N so that nothing lines up with a block or a power of two.
 _ATTN_SHAPE = (2, 3, 37, 16)
@@ -202,7 +203,7 @@ def check_attention(fn, tol: float = 1e-4):
     return f"matches flashattn.reference on B, H, N, D = {_ATTN_SHAPE}, with and without the causal mask"
 
 
-# --- notebook 01: the bytes of S and P ---------------------------------------------------------
+# --- notebook 02: the bytes of S and P ---------------------------------------------------------
 
 # (B, H, N, D, dtype_bytes)
 _BYTES_CASES = ((4, 16, 4096, 64, 2), (1, 16, 32768, 64, 2), (2, 3, 100, 32, 4), (3, 5, 77, 128, 2))

@@ -1,8 +1,9 @@
-"""Exercise of notebook 06: blocks per SM from registers, shared memory and warps."""
+"""Exercise of notebook 07: blocks per SM from registers, shared memory and warps."""
 
 from __future__ import annotations
 
-from ..occupancy import SHARED_UNIT, SMLimits, _round_up, occupancy
+from flashattn.models.occupancy import SHARED_UNIT, SMLimits, _round_up, occupancy
+
 from ._check import ExerciseFailed, call, exercise
 
 OCCUPANCY_CASES = [  # (registers_per_thread, shared_bytes, num_warps): example kernels, bound by registers,

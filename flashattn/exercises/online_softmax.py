@@ -1,4 +1,4 @@
-"""Exercises of notebook 02 (online softmax): merging two softmax states, and softmax over chunks.
+"""Exercises of notebook 03 (online softmax): merging two softmax states, and softmax over chunks.
 
 Each check runs the learner's function on fresh random inputs chosen to expose one classic mistake
 at a time (moderate values, a row length that is not a multiple of the chunk, logits large enough
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from ..softmax import merge as _merge
-from ..softmax import running_stats as _running_stats
+from flashattn.models.softmax import merge as _merge
+from flashattn.models.softmax import running_stats as _running_stats
+
 from ._check import ExerciseFailed, call, exercise
 
 __all__ = ["check_merge", "check_online_softmax", "MERGE_MISTAKES", "ONLINE_SOFTMAX_MISTAKES"]

@@ -1,10 +1,11 @@
-"""Exercises of notebook 08: what the L2 counters of Nsight Compute say about the traffic model."""
+"""Exercises of notebook 09: what the L2 counters of Nsight Compute say about the traffic model."""
 
 from __future__ import annotations
 
 import math
 
-from ..traffic import l2_served_fraction
+from flashattn.models.traffic import l2_served_fraction
+
 from ._check import ExerciseFailed, call, exercise
 
 _L2_CASES = (  # (read sectors, write sectors, dram read, dram write, lts__t_bytes): all different

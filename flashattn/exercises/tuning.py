@@ -1,10 +1,11 @@
-"""Exercise of notebook 07: the block sizes of FlashAttention-1's rule of thumb."""
+"""Exercise of notebook 08: the block sizes of FlashAttention-1's rule of thumb."""
 
 from __future__ import annotations
 
 import math
 
-from ..tuning import fa1_block_sizes
+from flashattn.models.tuning import fa1_block_sizes
+
 from ._check import ExerciseFailed, call, exercise
 
 

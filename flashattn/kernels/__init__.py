@@ -2,7 +2,8 @@
 
 import torch
 
-from ..validate import TILE_KEYS
+from flashattn.validate import TILE_KEYS
+
 from . import fast, naive, v1, v2
 from .fast import attention_fast
 from .naive import naive_attention

@@ -1,7 +1,7 @@
 """The fast kernel: v2, plus what Hopper and Triton offer, one switch per idea.
 
 Same loop as ``v2`` (one program per (Q block, batch·head), ``acc``/``mi``/``li`` in registers,
-deferred normalization), with these changes, each a constexpr switch so that notebook 09 can
+deferred normalization), with these changes, each a constexpr switch so that notebook 10 can
 measure them one at a time:
 
 * ``exp2`` with ``log2(e)`` folded into the scale, applied with one multiply-add per score
@@ -42,8 +42,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .. import runtime
-from ..validate import TILE_KEYS, check_kernel_inputs, resolve_options
+from flashattn import runtime
+from flashattn.validate import TILE_KEYS, check_kernel_inputs, resolve_options
 
 try:  # Gluon, Triton's lower-level language, is in recent releases only; without it, fast uses the Triton kernel
     from . import fast_gluon
@@ -233,7 +233,7 @@ def attn_kernel_fast(
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
 # The pruned search space of triton.autotune, per head dimension: (BLOCK_M, BLOCK_N, warps, stages,
-# register cap or None). Measured on the H200 (notebook 09): what pays is two programs per SM, so that
+# register cap or None). Measured on the H200 (notebook 10): what pays is two programs per SM, so that
 # one program's softmax runs while the other's matrix products keep the tensor cores busy. Small
 # 64-row, 4-warp programs get there with room to spare; 128-row, 8-warp programs need their
 # registers capped at 128 per thread (2 x 256 threads x 128 = the SM's 65536). D = 256 needs smaller
@@ -389,7 +389,7 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
     Hopper for 16-bit inputs with D = 64 or 128 the Gluon kernel (``gluon=True``).
 
     ``fast_exp``, ``lazy_rescale``, ``prefetch_scores`` and ``warp_specialize`` (switches of the Triton
-    kernel) are off: each was measured on an H200 and did not pay (notebook 09 shows the numbers).
+    kernel) are off: each was measured on an H200 and did not pay (notebook 10 shows the numbers).
     ``maxnreg`` (a register cap) is None unless autotuning picks a configuration with one.
     """
     switches = dict(fast_exp=False, lazy_rescale=False, warp_specialize=False, prefetch_scores=False, maxnreg=None,

@@ -11,7 +11,7 @@ is what FlashAttention-3's *intra-warpgroup overlap* needs. For key block j the 
 4. waits for 2, and rescales ``acc`` by block j's ``alpha``.
 
 (``OVERLAP=False`` waits for each product as soon as it is issued: the same kernel without the overlap,
-for notebook 09's ablation.)
+for notebook 10's ablation.)
 
 So the exponentials of one block overlap the second matrix product of the previous one. K and V tiles
 arrive by TMA into a ring of ``STAGES`` shared-memory slots, each with an mbarrier that says "landed";

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..validate import check_kernel_inputs, resolve_options
+from flashattn.validate import check_kernel_inputs, resolve_options
 
 
 @triton.jit

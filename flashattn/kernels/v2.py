@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import runtime
-from ..validate import check_kernel_inputs, resolve_options
+from flashattn import runtime
+from flashattn.validate import check_kernel_inputs, resolve_options
 
 
 @triton.jit

@@ -18,7 +18,8 @@ import math
 import numpy as np
 import torch
 
-from . import bench, recorded, runtime
+from flashattn import bench, runtime
+from flashattn.measure import recorded
 
 # One register is 32 bits; a shared-memory bank serves 4 bytes per clock, and an SM has 32 banks.
 REGISTER_BYTES = 4
@@ -61,7 +62,7 @@ def hardware_numbers(source: str | None = None, *, gpu: str | None = None) -> di
         if runtime.MODE != "gpu":
             raise RuntimeError("hardware_numbers('live') needs GPU mode; in interpreter mode use "
                                "source='recorded' (the recorded GPU results)")
-        from .measurements import device
+        from flashattn.measure.measurements.core import device
 
         entry = device()
         return _hardware_dict(entry["properties"], entry["copy_bandwidth_gbps"], entry["matmul"], source="live",
@@ -187,7 +188,7 @@ def gpu_default_blocks(variant: str, dtype: str = "float16", D: int = 64) -> tup
     The kernels' ``default_options`` choose smaller blocks in interpreter mode; a roofline is about a
     GPU, so this asks for the GPU choice whatever the current mode.
     """
-    from .kernels import launch_tiles
+    from flashattn.kernels import launch_tiles
 
     tiles = launch_tiles(variant, dtype, D)
     return tiles["block_m"], tiles["block_n"]
@@ -203,7 +204,7 @@ def attention_bytes(variant: str, *, B: int, H: int, N: int, D: int, dtype_bytes
     """
     if variant == "minimum":
         return 4 * B * H * N * D * dtype_bytes
-    from . import traffic
+    from flashattn.models import traffic
 
     if block_m is None or block_n is None:
         dtype = {2: "float16", 4: "float32"}.get(dtype_bytes, "float16")
@@ -258,7 +259,7 @@ def plot_roofline(points, hardware: dict, *, roofs=("float16", "float32_ieee"), 
     """
     import matplotlib.pyplot as plt
 
-    from . import plots
+    from flashattn.teaching import plots
 
     plots.use_style()
     fig, ax = plt.subplots(figsize=(7.5, 4.5)) if ax is None else (ax.figure, ax)
@@ -337,7 +338,7 @@ def measure_memory_vs_n(N_values, variants=("naive", "v2", "sdpa"), *, B: int, H
     Peak memory is ``bench.peak_memory`` (above the inputs), time is ``bench.time_ms``. A variant that
     runs out of memory gets a row with ``"oom"`` and is not run at larger N.
     """
-    from .kernels import VARIANTS
+    from flashattn.kernels import VARIANTS
 
     rows, stopped = [], set()
     for N in N_values:
@@ -374,7 +375,7 @@ def plot_memory_vs_n(measurement: dict, *, variants=("naive", "v2", "sdpa"), mem
     """
     import matplotlib.pyplot as plt
 
-    from . import plots
+    from flashattn.teaching import plots
 
     plots.use_style()
     B, H = measurement["B"], measurement["H"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from . import runtime
-from .bench import peak_memory, sdpa, tflops, time_ms
-from .kernels import VARIANTS
-from .record import measurement, nvidia_smi
-from .reference import reference
+from flashattn import runtime
+from flashattn.bench import peak_memory, sdpa, tflops, time_ms
+from flashattn.kernels import VARIANTS
+from flashattn.record import measurement, nvidia_smi
+from flashattn.reference import reference
 
 
 def _run_variant(name, q, k, v, causal, **options):

@@ -3,7 +3,7 @@
 * ``compiled_kernels(jit_fn)``: the kernels Triton compiled for a ``@triton.jit`` function, with
   registers, spills, shared memory, TTGIR and SASS.
 * ``ncu_profile(configs, metrics)``: run Nsight Compute on a small target (this module, run as
-  ``python -m flashattn.profile TARGET_JSON``) and parse its CSV into numbers.
+  ``python -m flashattn.measure.profile TARGET_JSON``) and parse its CSV into numbers.
 
 Nsight Compute needs a GPU and permission to read the counters; where ``ncu`` is missing or refused,
 ``NcuUnavailable`` says why, and the notebooks use the recorded results instead.
@@ -103,7 +103,7 @@ def ncu_command(ncu: str, target: list[dict], metrics: list[str], kernel_regex: 
     return [
         ncu, "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base",
         "--metrics", ",".join(metrics), "--kernel-name", f"regex:{kernel_regex}",
-        sys.executable, "-m", "flashattn.profile", json.dumps(target),
+        sys.executable, "-m", "flashattn.measure.profile", json.dumps(target),
     ]
 
 
@@ -177,7 +177,7 @@ def ncu_profile(target: list[dict], metrics: list[str] = BANK_METRICS, kernel_re
 
 
 def _run_target(target: list[dict]) -> None:
-    """Body of ``python -m flashattn.profile TARGET_JSON``: run each configuration twice."""
+    """Body of ``python -m flashattn.measure.profile TARGET_JSON``: run each configuration twice."""
     import torch
 
     from flashattn import VARIANTS, runtime
@@ -194,7 +194,7 @@ def _run_target(target: list[dict]) -> None:
 
 # ---------------------------------------------------------------- memory traffic and the learner's commands
 #
-# Appended for notebook 08 (profiling workflow) and the 'traffic_measured' measurement. Metric names
+# Appended for notebook 09 (profiling workflow) and the 'traffic_measured' measurement. Metric names
 # are those that worked with Nsight Compute 2025.3 on an H200 (see the course's source notes).
 
 SECTOR_BYTES = 32  # the L2 works in 32-byte sectors
@@ -265,7 +265,7 @@ def kernel_regex(variants) -> str:
 
 def target_config(variant: str, *, B: int, H: int, N: int, D: int, dtype: str = "float16", causal: bool = False,
                   options: dict | None = None) -> dict:
-    """One configuration for ``python -m flashattn.profile TARGET_JSON`` (a JSON-able dict)."""
+    """One configuration for ``python -m flashattn.measure.profile TARGET_JSON`` (a JSON-able dict)."""
     kernel_names(variant)  # validates the name
     if dtype not in ("float16", "bfloat16", "float32"):
         raise ValueError(f"dtype must be 'float16', 'bfloat16' or 'float32', got {dtype!r}")
@@ -304,7 +304,7 @@ def ncu_shell_command(target, metrics: list[str] | None = None, *, ncu: str = "n
     else:
         args += ["--metrics", ",".join(metrics or TRAFFIC_METRICS)]
     args += ["-o", report] if report else ["--csv", "--page", "raw", "--print-units", "base"]
-    args += [python, "-m", "flashattn.profile", json.dumps(target, separators=(",", ":"))]
+    args += [python, "-m", "flashattn.measure.profile", json.dumps(target, separators=(",", ":"))]
     return shlex.join(args)
 
 
@@ -314,7 +314,7 @@ def nsys_command(target, *, report: str = "flashattn_timeline", python: str = "p
 
     target, _, _ = _target_and_regex(target)
     return shlex.join(["nsys", "profile", "--trace", "cuda,nvtx,osrt", "--force-overwrite", "true",
-                       "--output", report, python, "-m", "flashattn.profile",
+                       "--output", report, python, "-m", "flashattn.measure.profile",
                        json.dumps(target, separators=(",", ":"))])
 
 
@@ -337,7 +337,7 @@ def ncu_status() -> str:
     if ncu is None:
         return ("Nsight Compute (ncu) is not installed or not on PATH: the recorded measurements are shown "
                 "instead. It ships with the CUDA toolkit (or as 'nsight-compute').")
-    from . import runtime
+    from flashattn import runtime
 
     if runtime.MODE != "gpu":
         return f"ncu found at {ncu}, but no GPU is in use ({runtime.describe()}): recorded measurements are shown."

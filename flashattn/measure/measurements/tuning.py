@@ -1,4 +1,4 @@
-"""Compiled-kernel facts of every variant, normalization/exp2 ablations and the block-size sweep (notebooks 06 and 07).
+"""Compiled-kernel facts of every variant, normalization/exp2 ablations and the block-size sweep (notebooks 07 and 08).
 
 Each measurement is registered separately (``python -m flashattn.record --only NAME``), so that one
 can be re-run on its own:
@@ -18,16 +18,17 @@ import time
 
 import torch
 
-from . import runtime, tuning
-from .bench import tflops, time_ms
-from .exercises._check import rel_error
-from .kernels import VARIANTS, launch_tiles
-from .kernels.fast import tuned_config
-from .measurements import device_properties
-from .occupancy import SMLimits, occupancy
-from .profile import NcuUnavailable, compiled_kernels, kernel_facts, kernel_resources, ncu_profile
-from .record import measurement
-from .reference import reference
+from flashattn import runtime
+from flashattn.bench import tflops, time_ms
+from flashattn.exercises._check import rel_error
+from flashattn.kernels import VARIANTS, launch_tiles
+from flashattn.kernels.fast import tuned_config
+from flashattn.measure.measurements.core import device_properties
+from flashattn.measure.profile import NcuUnavailable, compiled_kernels, kernel_facts, kernel_resources, ncu_profile
+from flashattn.models import tuning
+from flashattn.models.occupancy import SMLimits, occupancy
+from flashattn.record import measurement
+from flashattn.reference import reference
 
 # A small problem every configuration is first checked on: N is not a multiple of any block size, but it
 # is a multiple of 16 and H = 16, like the timed problems, so Triton compiles one kernel for both.
@@ -55,19 +56,19 @@ def _occupancy(res: dict, limits: SMLimits) -> dict:
 def _variant_jits(variant: str) -> list:
     """The ``@triton.jit`` functions Triton compiles when ``variant`` runs."""
     if variant == "naive":
-        from .kernels.naive import pv_kernel, scores_kernel, softmax_kernel
+        from flashattn.kernels.naive import pv_kernel, scores_kernel, softmax_kernel
 
         return [scores_kernel, softmax_kernel, pv_kernel]
     if variant == "v1":
-        from .kernels.v1 import attn_kernel_v1
+        from flashattn.kernels.v1 import attn_kernel_v1
 
         return [attn_kernel_v1]
     if variant.startswith("v2"):
-        from .kernels.v2 import attn_kernel_v2
+        from flashattn.kernels.v2 import attn_kernel_v2
 
         return [attn_kernel_v2]
     if variant == "fast":
-        from .kernels import fast
+        from flashattn.kernels import fast
 
         return [tuning.unwrap_jit(k) for k in fast.JIT_KERNELS]
     raise ValueError(f"no kernels known for variant {variant!r}")
@@ -150,7 +151,7 @@ ABLATIONS = [
 
 @measurement("normalization_exp2", description="v2 with division in the loop or deferred, exp or exp2")
 def normalization_exp2() -> dict:
-    from .kernels.v2 import attn_kernel_v2
+    from flashattn.kernels.v2 import attn_kernel_v2
 
     limits = _sm_limits()
     rows = []
@@ -192,7 +193,7 @@ def normalization_exp2() -> dict:
 
 def sweep(path: str, D: int, configs: list[dict], *, warmup: int = 5, rep: int = 20) -> list[dict]:
     """Run v2 at each configuration: check it on the CHECK problem, then time it on the path's problem."""
-    from .kernels.v2 import attn_kernel_v2
+    from flashattn.kernels.v2 import attn_kernel_v2
 
     p = tuning.PATHS[path]
     dtype = getattr(torch, p["dtype"])

@@ -14,7 +14,7 @@ word from each bank. The model used throughout the course (the public contract o
 
 It is a model: NVIDIA does not document the exact rules, and the hardware can do better in some
 cases (Nsight Compute sometimes counts fewer wavefronts when lanes of *different* phases read the
-same address). Notebook 05 compares its predictions with Nsight Compute's counters.
+same address). Notebook 06 compares its predictions with Nsight Compute's counters.
 
 Lanes: a request always has 32 entries (lane i's address at index i); an entry may be ``None`` for
 an inactive (masked) lane. A phase with no active lane costs nothing.
@@ -33,7 +33,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from .kernels.v2 import compute_padded_headdim
+from flashattn.kernels.v2 import compute_padded_headdim
 
 NUM_BANKS = 32
 WORD_BYTES = 4
@@ -479,7 +479,7 @@ def fma_threads_per_warp(n: int) -> tuple[int, int]:
     The rule Triton 3.9 followed for sm_90 when this module was written (read from the TTGIR of the
     v2 kernels: ``sizePerThread = [4, 4]``, ``threadsPerWarp = [2, 16]`` for 64 columns, ``[4, 8]``
     for 32, ``[1, 32]`` for 128; ``warpsPerCTA = [num_warps, 1]``). Other Triton versions may choose
-    differently: notebook 05 shows the recorded compiled layouts next to the model.
+    differently: notebook 06 shows the recorded compiled layouts next to the model.
     """
     along_n = max(1, min(WARP_SIZE, n // FMA_SIZE_PER_THREAD[1]))
     return WARP_SIZE // along_n, along_n
@@ -617,7 +617,7 @@ NCU_TIME_NS = "gpu__time_duration.sum"
 
 def load_recorded(name: str, gpu: str | None = None, data_dir=None) -> dict | None:
     """A recorded measurement with its provenance, or None when it has not been recorded yet."""
-    from . import recorded
+    from flashattn.measure import recorded
 
     try:
         return recorded.get(name, gpu=gpu, data_dir=data_dir)
@@ -938,7 +938,7 @@ def plot_request(read: WarpRead, *, max_rows: int | None = None, max_cols: int |
     the distinct words the request asks of each bank, phase by phase. Returns a Figure."""
     import matplotlib.pyplot as plt
 
-    from . import plots
+    from flashattn.teaching import plots
 
     plots.use_style()
     fig, (ax, ax_bars) = plt.subplots(2, 1, figsize=(7.5, 7.5), gridspec_kw={"height_ratios": [3, 1]})
@@ -993,7 +993,7 @@ def plot_layouts(D: int = 32, element_bytes: int = 4, access_bytes: int = 4, blo
     """
     import matplotlib.pyplot as plt
 
-    from . import plots
+    from flashattn.teaching import plots
 
     plots.use_style()
     layouts = comparison_layouts(D, element_bytes, access_bytes, block_n)

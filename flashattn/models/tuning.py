@@ -1,6 +1,6 @@
 """Block sizes, warps and stages: sweep spaces, a shared-memory estimate, the FA1 rule of thumb, autotuning.
 
-Pure helpers (tested on the CPU) and the GPU pieces the measurements of notebooks 06 and 07 use:
+Pure helpers (tested on the CPU) and the GPU pieces the measurements of notebooks 07 and 08 use:
 
 * ``sweep_configs(space)``: every combination of ``block_m``, ``block_n``, ``num_warps``, ``num_stages``;
 * ``estimate_shared_bytes(...)``: the shared memory a v2 program needs (Q once, K and V per stage);
@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from .validate import TILE_KEYS
+from flashattn.validate import TILE_KEYS
 
 # --- the problems and the spaces swept ---------------------------------------------------------
 
@@ -37,7 +37,7 @@ SWEEP_SPACES = {
     "fp32_ieee": {"block_m": (32, 64), "block_n": (32, 64), "num_warps": (4, 8), "num_stages": (1, 2)},
 }
 
-# The space triton.autotune searches in notebook 07 (before pruning): the one Triton's fused-attention
+# The space triton.autotune searches in notebook 08 (before pruning): the one Triton's fused-attention
 # tutorial uses, less the 5 and 6 stages, which is also the fp16 sweep's.
 AUTOTUNE_SPACE = SWEEP_SPACES["fp16_tc"]
 
@@ -215,7 +215,7 @@ def plot_sweep_heatmap(ax, rows: list[dict], title: str, value: str = "tflops", 
 # --- compiled kernels --------------------------------------------------------------------------
 
 def instruction_summary(sass_counts: dict[str, int]) -> dict[str, int]:
-    """Static counts of the instructions notebook 06 talks about, summed over their modifiers.
+    """Static counts of the instructions notebook 07 talks about, summed over their modifiers.
 
     ``exp2`` = MUFU.EX2 (every exponential: ``tl.exp`` becomes a multiply by log2 e, then EX2),
     ``rcp`` = MUFU.RCP (a division is a reciprocal and multiplies, plus a slow-path check),
@@ -280,7 +280,7 @@ def autotuned_v2(configs: list, *, bench_warmup: int = 5, bench_rep: int = 20):
     fastest. ``configs``: a list of ``triton.Config`` (see ``triton_configs``)."""
     import triton
 
-    from .kernels.v2 import attn_kernel_v2
+    from flashattn.kernels.v2 import attn_kernel_v2
 
     def bench(kernel_call, quantiles):
         return triton.testing.do_bench(kernel_call, warmup=bench_warmup, rep=bench_rep, quantiles=quantiles)
@@ -300,7 +300,7 @@ def run_autotuned_v2(tuned, q, k, v, *, causal=False, scale=None, input_precisio
     sizes, warps and stages come from the tuner (``tuned.best_config`` after the call)."""
     import triton
 
-    from .validate import check_kernel_inputs
+    from flashattn.validate import check_kernel_inputs
 
     B, H, N, D, scale = check_kernel_inputs(q, k, v, variant="v2", causal=causal, scale=scale)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)

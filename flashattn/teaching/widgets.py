@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from . import runtime, traffic
+from flashattn import runtime
+from flashattn.models import traffic
 
 
 def live_output(show, controls: dict, *, draw_now: bool, **fixed) -> widgets.Output:
@@ -41,7 +42,7 @@ def live_output(show, controls: dict, *, draw_now: bool, **fixed) -> widgets.Out
         redraw()
     return output
 
-# --- HBM traffic model (notebooks 01, 03, 04) -------------------------------------------------
+# --- HBM traffic model (notebooks 02, 04, 05) -------------------------------------------------
 
 TRAFFIC_VARIANTS = ("naive", "v1", "v2")
 TRAFFIC_DTYPES = (("float32", 4), ("float16 / bfloat16", 2))
@@ -108,9 +109,9 @@ def traffic_widget(*, display_static: bool = True, **overrides) -> widgets.VBox:
     return widgets.VBox([ui, output])
 
 
-# --- shared-memory bank conflicts (notebook 05) -----------------------------------------------
+# --- shared-memory bank conflicts (notebook 06) -----------------------------------------------
 
-from . import banks  # noqa: E402  (this section's own import, kept with the section)
+from flashattn.models import banks  # noqa: E402  (this section's own import, kept with the section)
 
 BANK_HEAD_DIMS = (16, 32, 64, 128)
 BANK_DTYPES = {"float32": 4, "float16": 2}

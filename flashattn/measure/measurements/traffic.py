@@ -1,4 +1,4 @@
-"""Nsight Compute DRAM and L2 traffic of the kernel family against the traffic model (notebook 08).
+"""Nsight Compute DRAM and L2 traffic of the kernel family against the traffic model (notebook 09).
 
 One measurement, ``traffic_measured``: naive, v1, v2, v2_kt and v2_padded profiled at two sizes, one
 whose working set is many times the L2 cache and one that fits in it. Each row holds the problem,
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import time
 
-from . import traffic
-from .kernels import launch_tiles
-from .profile import (
+from flashattn.kernels import launch_tiles
+from flashattn.measure.profile import (
     SHARED_METRICS,
     TRAFFIC_METRICS,
     WARP_METRICS,
@@ -30,7 +29,8 @@ from .profile import (
     sum_launches,
     target_config,
 )
-from .record import measurement
+from flashattn.models import traffic
+from flashattn.record import measurement
 
 DTYPE = "float16"
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -117,8 +117,8 @@ def _precheck(cfg: dict) -> str | None:
     (and the compiled kernels land in Triton's cache, so the ncu child starts faster)."""
     import torch
 
-    from . import runtime
-    from .kernels import VARIANTS
+    from flashattn import runtime
+    from flashattn.kernels import VARIANTS
 
     try:
         q, k, v = runtime.random_qkv(cfg["B"], cfg["H"], cfg["N"], cfg["D"], dtype=getattr(torch, cfg["dtype"]),
@@ -164,7 +164,7 @@ def _profile_group(group: list[dict], t0: float) -> tuple[list[dict], str | None
 @measurement("traffic_measured",
              description="Nsight Compute DRAM and L2 bytes of naive, v1, v2, v2_kt, v2_padded against the model")
 def traffic_measured() -> dict:
-    from .measurements import device_properties
+    from flashattn.measure.measurements.core import device_properties
 
     t0 = time.perf_counter()
     result = {"metrics": ALL_METRICS, "sizes": SIZES, "dtype": DTYPE, "ncu_version": ncu_version(),

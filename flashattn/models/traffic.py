@@ -263,7 +263,7 @@ def plot_traffic(N_values, D, dtype_bytes, block_m, block_n, B, H, causal=False,
     """
     import matplotlib.pyplot as plt
 
-    from . import plots
+    from flashattn.teaching import plots
 
     N_values = list(N_values)
     if not N_values:
@@ -501,7 +501,7 @@ def fit_source_problem(reported: dict | None = None, *, tolerance: float = 0.05,
     )
 
 
-# --- the model against Nsight Compute's counters (notebook 08, measurement 'traffic_measured') ---------
+# --- the model against Nsight Compute's counters (notebook 09, measurement 'traffic_measured') ---------
 #
 # A profiler sees three different numbers for the same kernel:
 #   * L2 requests (lts__t_sectors_srcunit_tex_op_read/_write × 32 bytes): what the SMs asked of the
@@ -510,7 +510,7 @@ def fit_source_problem(reported: dict | None = None, *, tolerance: float = 0.05,
 #   * the compulsory bytes: each tensor a kernel touches read (or written) exactly once, the DRAM
 #     traffic of a perfect cache.
 
-from .profile import SECTOR_BYTES  # noqa: E402  (this section's own import)
+from flashattn.measure.profile import SECTOR_BYTES  # noqa: E402  (this section's own import)
 
 HOST_SIDE_PARTS = ("K^T copy",)  # done by PyTorch before the kernel: a profile of the kernel does not see it
 
@@ -633,7 +633,7 @@ def format_measured_table(rows: list[dict]) -> str:
 
 
 def measured_summary(rows: list[dict], size: str = "large", tolerance: float = 0.15) -> dict:
-    """The two checks of notebook 08 on the rows of one size.
+    """The two checks of notebook 09 on the rows of one size.
 
     Returns ``{"l2_vs_model": {variant: total L2 requests ÷ model}, "within_tolerance": {variant: bool},
     "v2_over_v1_dram_read": float | None, "text": str}``.
@@ -659,7 +659,7 @@ def plot_measured_traffic(rows: list[dict], size: str = "large", caption_text: s
     """
     import matplotlib.pyplot as plt
 
-    from . import plots
+    from flashattn.teaching import plots
 
     ok = [r for r in rows if r.get("size") == size and "error" not in r]
     if not ok:

@@ -10,8 +10,10 @@ import json
 import os
 from pathlib import Path
 
+from flashattn.runtime import REPO_ROOT
+
 # FLASHATTN_DATA_DIR points elsewhere (e.g. a draft of new measurements); the default is the repository's.
-DATA_DIR = Path(os.environ.get("FLASHATTN_DATA_DIR") or Path(__file__).resolve().parent.parent / "figures" / "data")
+DATA_DIR = Path(os.environ.get("FLASHATTN_DATA_DIR") or REPO_ROOT / "figures" / "data")
 
 
 def files(data_dir: Path | None = None) -> list[Path]:

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import torch
 
-from . import runtime
-from .kernels import VARIANTS, launch_tiles
-from .kernels.v2 import attn_kernel_v2
-from .profile import BANK_METRICS, NcuUnavailable, compiled_kernels, kernel_facts, ncu_profile, ncu_version
-from .record import measurement
-from .tuning import PATHS
+from flashattn import runtime
+from flashattn.kernels import VARIANTS, launch_tiles
+from flashattn.kernels.v2 import attn_kernel_v2
+from flashattn.measure.profile import (
+    BANK_METRICS,
+    NcuUnavailable,
+    compiled_kernels,
+    kernel_facts,
+    ncu_profile,
+    ncu_version,
+)
+from flashattn.models.tuning import PATHS
+from flashattn.record import measurement
 
-# The two paths of notebook 05 (flashattn.tuning.PATHS): float32 on CUDA cores (the source post's),
+# The two paths of notebook 06 (flashattn.tuning.PATHS): float32 on CUDA cores (the source post's),
 # then fp16 on tensor cores.
 PATH_ORDER = ("fp32_ieee", "fp16_tc")
 K_VARIANTS = ("v2", "v2_kt", "v2_kt_view", "v2_padded")

@@ -1,4 +1,4 @@
-"""The fast kernel against PyTorch's SDPA, and its ablation (notebook 09)."""
+"""The fast kernel against PyTorch's SDPA, and its ablation (notebook 10)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import statistics
 
 import torch
 
-from . import bench, runtime
-from .kernels import VARIANTS, launch_tiles
-from .kernels.fast import tuned_config
-from .profile import torch_profile
-from .record import measurement
-from .reference import reference
-from .tuning import short_error
+from flashattn import bench, runtime
+from flashattn.kernels import VARIANTS, launch_tiles
+from flashattn.kernels.fast import tuned_config
+from flashattn.measure.profile import torch_profile
+from flashattn.models.tuning import short_error
+from flashattn.record import measurement
+from flashattn.reference import reference
 
 ABLATION = dict(dtype="float16", B=4, H=16, N=4096, head_dims=(64, 128))
 
@@ -46,7 +46,7 @@ def _ablation_steps(D: int, final: dict, causal: bool) -> list[tuple[str, str, d
     plain = dict(launch_tiles("v2", dtype, D), use_tma=False, gluon=False)
     single = {"gluon": True, "schedule": "single"}
     return [
-        ("v2 (notebook 04)", "v2", {}, True),
+        ("v2 (notebook 05)", "v2", {}, True),
         ("+ exp2, log2(e) folded into the scale", "v2", {"use_exp2": True}, True),
         ("fast kernel, pointer loads, v2's tiles", "fast", plain, True),
         ("+ TMA tensor descriptors", "fast", dict(plain, use_tma=True), True),

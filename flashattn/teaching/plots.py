@@ -11,7 +11,9 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"
+from flashattn.runtime import REPO_ROOT
+
+FIGURES_DIR = REPO_ROOT / "figures"
 
 # One palette for the whole course: each variant keeps its colour from notebook to notebook.
 COLORS = {
