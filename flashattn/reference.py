@@ -30,3 +30,13 @@ def reference(q, k, v, causal: bool = False, scale: float | None = None) -> torc
             s = s.masked_fill(mask, float("-inf"))
         out[group] = (torch.softmax(s, dim=-1) @ v[group].double()).to(q.dtype)
     return out.reshape(B, H, N, D)
+
+
+def rel_error(out, ref) -> float:
+    """``‖out − ref‖ / ‖ref‖`` in float64: how every kernel, test and exercise check is compared with the
+    reference. ``inf`` when ``out`` has NaN or inf, or a shape other than ``ref``'s."""
+    out, ref = torch.as_tensor(out), torch.as_tensor(ref)
+    if out.shape != ref.shape or not torch.isfinite(out).all():
+        return float("inf")
+    ref64 = ref.to(torch.float64)
+    return ((out.to(device=ref.device, dtype=torch.float64) - ref64).norm() / ref64.norm().clamp_min(1e-300)).item()
