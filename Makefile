@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make lab    set up .venv if needed, then open the course in JupyterLab (localhost, token on)
 #   make test   set up .venv if needed, then run the unit tests and execute every notebook
-# Other targets: make setup, make record and make bench (on a GPU), make lint, make clean.
+# Other targets: make setup, make record and make bench (on a GPU), make figures, make gpu-test (on a GPU),
+# make lint, make clean.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -18,7 +19,7 @@ PIP        := $(BIN)/python -m pip
 ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root)  # Jupyter refuses root (containers) without it
 PIP_QUIET  := --quiet --disable-pip-version-check
 
-.PHONY: setup lab test unit notebooks record bench lint clean
+.PHONY: setup lab test unit notebooks record bench lint clean figures gpu-test
 
 setup: $(STAMP)
 
@@ -40,7 +41,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest tests notebooks --nbmake --nbmake-timeout=900 -q
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q -m "not clean_clone"
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest notebooks --nbmake --nbmake-timeout=900 -q
@@ -51,8 +52,33 @@ record: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m flashattn.bench
 
+# The committed PNGs in figures/, rebuilt on purpose from the package and figures/data/ (notebooks write nothing).
+figures: $(STAMP)
+	$(BIN)/python -m flashattn.teaching.figures
+
+# The test suite on a GPU machine, in runs of at most ten minutes on one H200:
+#   make gpu-test              every test file; with several GPUs one pytest-xdist worker per GPU
+#   make gpu-test PART=1       half of the test files (then PART=2), balanced by tests/gpu_durations.json
+# Each run writes the seconds its test files took into $(DURATIONS) as it goes (commit them to
+# tests/gpu_durations.json to balance the parts). It uses .venv when there is one, else $(PYTHON)
+# (a GPU machine's own torch: make gpu-test PYTHON=python).
+DURATIONS ?= tests/gpu_durations.json
+GPUS     = $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+TEST_PY  = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+XDIST    = $(shell $(TEST_PY) -c "import xdist" 2>/dev/null && echo yes)
+gpu-test:
+	@test "$(GPUS)" -gt 0 2>/dev/null || { echo "gpu-test needs an NVIDIA GPU (nvidia-smi -L lists none)"; exit 2; }
+	$(TEST_PY) -m pytest tests -q -p no:cacheprovider --durations=15 --record-durations $(DURATIONS) \
+		$(if $(and $(XDIST),$(filter-out 0 1,$(GPUS))),-n $(GPUS)) $(if $(PART),--gpu-part $(PART)/2)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) *.egg-info
+
+# The course as a static HTML book in build/book/ (open build/book/index.html): every notebook executed
+# in interpreter mode with the recorded GPU results, nothing loaded from the internet. See tools/book.py.
+.PHONY: book
+book: $(STAMP)
+	$(BIN)/python tools/book.py --out build/book

@@ -17,6 +17,7 @@ no GPU, and Triton reads that variable when each kernel's ``@triton.jit`` runs.
 import importlib
 
 from . import runtime  # noqa: I001  (must come before the kernels)
+from .functional import attention, scaled_dot_product_attention
 from .kernels import VARIANTS
 from .reference import reference
 from .runtime import describe
@@ -26,20 +27,30 @@ MODULES = {
     "softmax": "flashattn.models.softmax",
     "traffic": "flashattn.models.traffic",
     "banks": "flashattn.models.banks",
+    "layouts": "flashattn.models.layouts",
+    "fma_loads": "flashattn.models.fma_loads",
     "occupancy": "flashattn.models.occupancy",
     "roofline": "flashattn.models.roofline",
     "tuning": "flashattn.models.tuning",
+    "hardware": "flashattn.measure.hardware",
+    "compiled": "flashattn.measure.compiled",
     "profile": "flashattn.measure.profile",
+    "autotune": "flashattn.measure.autotune",
+    "bank_counters": "flashattn.measure.bank_counters",
+    "traffic_counters": "flashattn.measure.traffic_counters",
     "recorded": "flashattn.measure.recorded",
     "measurements": "flashattn.measure.measurements",
     "plots": "flashattn.teaching.plots",
+    "bank_plots": "flashattn.teaching.bank_plots",
+    "source_post": "flashattn.teaching.source_post",
+    "figures": "flashattn.teaching.figures",
     "widgets": "flashattn.teaching.widgets",
     "bench": "flashattn.bench",
     "record": "flashattn.record",
     "exercises": "flashattn.exercises",
 }
 
-__all__ = ["VARIANTS", "attention", "describe", "reference", "runtime", *MODULES]
+__all__ = ["VARIANTS", "attention", "describe", "reference", "runtime", "scaled_dot_product_attention", *MODULES]
 
 
 def __getattr__(name):
@@ -47,9 +58,3 @@ def __getattr__(name):
         return importlib.import_module(MODULES[name])
     raise AttributeError(f"module 'flashattn' has no attribute {name!r}")
 
-
-def attention(q, k, v, *, variant: str = "v2", causal: bool = False, scale=None, **options):
-    """Run one variant by name: ``attention(q, k, v, variant="v1", causal=True)``."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; accepted: {', '.join(VARIANTS)}")
-    return VARIANTS[variant](q, k, v, causal=causal, scale=scale, **options)

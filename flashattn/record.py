@@ -104,11 +104,18 @@ def run(names: list[str] | None = None, out_dir: Path = DATA_DIR, command: str =
     return path
 
 
+def command_line(prog: str, description: str, what: str, default_out: Path) -> argparse.ArgumentParser:
+    """The options of a command that writes registered things into a folder (this module's, and
+    ``python -m flashattn.teaching.figures``): ``--only NAME ...``, ``--out DIR``, ``--list``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--only", nargs="+", metavar="NAME", help=f"{what} to write (default: all)")
+    parser.add_argument("--out", type=Path, default=default_out, help=f"output folder (default {default_out})")
+    parser.add_argument("--list", action="store_true", help=f"list the registered {what} and exit")
+    return parser
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashattn.record", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="measurements to run (default: all)")
-    parser.add_argument("--out", type=Path, default=DATA_DIR, help=f"output folder (default {DATA_DIR})")
-    parser.add_argument("--list", action="store_true", help="list the registered measurements and exit")
+    parser = command_line("python -m flashattn.record", __doc__.splitlines()[0], "measurements", DATA_DIR)
     args = parser.parse_args(argv)
     registry = load_measurements()
     if args.list:

@@ -16,13 +16,12 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 POW2_HEAD_DIMS = (16, 32, 64, 128, 256)
 INPUT_PRECISIONS = ("ieee", "tf32", "tf32x3")
 TILE_KEYS = ("block_m", "block_n", "num_warps", "num_stages")  # the launch options that set the tiles
-COMMON_OPTIONS = (*TILE_KEYS, "input_precision")
 
 _DTYPE_NAMES = ", ".join(str(d).replace("torch.", "") for d in KERNEL_DTYPES)
 
 
-def check_shapes(q, k, v) -> tuple[int, int, int, int]:
-    """q, k, v: tensors of one shape (B, H, N, D) with B, H, N, D >= 1, one dtype, one device."""
+def _check_tensors(q, k, v) -> None:
+    """q, k, v: 4-D tensors of one floating-point dtype on one device."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -30,13 +29,9 @@ def check_shapes(q, k, v) -> tuple[int, int, int, int]:
             raise ValueError(
                 f"{name} must have 4 dimensions (B, H, N, D), got shape {tuple(t.shape)} ({t.dim()} dims)"
             )
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(
-            "q, k and v must have the same shape (B, H, N, D); got "
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if any(s < 1 for s in q.shape):
-        raise ValueError(f"every dimension of (B, H, N, D) must be >= 1, got {tuple(q.shape)}")
+
+
+def _check_dtype_device(q, k, v) -> None:
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must have one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -45,7 +40,45 @@ def check_shapes(q, k, v) -> tuple[int, int, int, int]:
         )
     if not q.dtype.is_floating_point:
         raise TypeError(f"q, k, v must be floating point, got {q.dtype}")
+
+
+def check_shapes(q, k, v) -> tuple[int, int, int, int]:
+    """q, k, v: tensors of one shape (B, H, N, D) with B, H, N, D >= 1, one dtype, one device."""
+    _check_tensors(q, k, v)
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            "q, k and v must have the same shape (B, H, N, D); got "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if any(s < 1 for s in q.shape):
+        raise ValueError(f"every dimension of (B, H, N, D) must be >= 1, got {tuple(q.shape)}")
+    _check_dtype_device(q, k, v)
     return tuple(q.shape)
+
+
+def check_attention_shapes(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """q (B, Hq, L, D) and k, v (B, Hkv, S, D), as ``scaled_dot_product_attention`` takes them with
+    ``enable_gqa=True``: L and S may differ, and Hq must be a multiple of Hkv (grouped-query attention: query
+    head h attends with K/V head h // (Hq / Hkv)). Returns (B, Hq, Hkv, L, S, D)."""
+    _check_tensors(q, k, v)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape (B, Hkv, S, D); got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    for name, t in (("q", q), ("k", k)):
+        if any(s < 1 for s in t.shape):
+            raise ValueError(f"every dimension of {name} must be >= 1, got {tuple(t.shape)}")
+    (B, Hq, L, D), (Bk, Hkv, S, Dk) = q.shape, k.shape
+    if B != Bk or D != Dk:
+        raise ValueError(
+            "q (B, Hq, L, D) and k, v (B, Hkv, S, D) must have the same batch B and head dimension D; got "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
+    if Hq % Hkv:
+        raise ValueError(
+            f"the query heads must be a multiple of the key/value heads (grouped-query attention); got Hq={Hq} "
+            f"(q {tuple(q.shape)}) and Hkv={Hkv} (k {tuple(k.shape)})"
+        )
+    _check_dtype_device(q, k, v)
+    return B, Hq, Hkv, L, S, D
 
 
 def check_scale(scale, D: int) -> float:
@@ -64,10 +97,7 @@ def check_causal(causal) -> bool:
     return causal
 
 
-def check_kernel_inputs(q, k, v, *, variant: str, causal, scale, head_dims=POW2_HEAD_DIMS):
-    """Everything a Triton variant needs to know is acceptable. Returns (B, H, N, D, scale)."""
-    B, H, N, D = check_shapes(q, k, v)
-    causal = check_causal(causal)
+def _check_kernel_dtype_device_and_d(q, variant: str, D: int, head_dims) -> None:
     if q.dtype not in KERNEL_DTYPES:
         raise TypeError(
             f"{variant}: dtype {q.dtype} is not supported; accepted: {_DTYPE_NAMES} "
@@ -89,9 +119,25 @@ def check_kernel_inputs(q, k, v, *, variant: str, causal, scale, head_dims=POW2_
     if D not in head_dims:
         accepted = (f"any D from {head_dims.start} to {head_dims.stop - 1}" if isinstance(head_dims, range)
                     else ", ".join(map(str, head_dims)))
-        hint = "" if variant == "v2_padded" else "; for other head dimensions use the 'v2_padded' variant"
+        hint = "" if variant in ("v2_padded", "fast") else "; for other head dimensions use the 'v2_padded' variant"
         raise ValueError(f"{variant}: head dimension D={D} is not supported; accepted: {accepted}{hint}")
+
+
+def check_kernel_inputs(q, k, v, *, variant: str, causal, scale, head_dims=POW2_HEAD_DIMS):
+    """Everything a Triton variant needs to know is acceptable. Returns (B, H, N, D, scale)."""
+    B, H, N, D = check_shapes(q, k, v)
+    causal = check_causal(causal)
+    _check_kernel_dtype_device_and_d(q, variant, D, head_dims)
     return B, H, N, D, check_scale(scale, D)
+
+
+def check_attention_inputs(q, k, v, *, variant: str, causal, scale, head_dims=POW2_HEAD_DIMS):
+    """:func:`check_kernel_inputs` for a variant that takes L != S and grouped K/V heads
+    (:func:`check_attention_shapes`). Returns (B, Hq, Hkv, L, S, D, scale)."""
+    B, Hq, Hkv, L, S, D = check_attention_shapes(q, k, v)
+    causal = check_causal(causal)
+    _check_kernel_dtype_device_and_d(q, variant, D, head_dims)
+    return B, Hq, Hkv, L, S, D, check_scale(scale, D)
 
 
 def _is_pow2(x) -> bool:

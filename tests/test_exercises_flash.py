@@ -11,12 +11,18 @@ from flashattn.exercises.flash import check_flash_v1_step, check_flash_v2
 
 def flash_v2(q, k, v, block_n, causal, *, mistake=None):
     """A learner's v2 loop for one head, in float32, optionally with one mistake written in."""
+    if mistake in ("half_inputs", "bf16_inputs"):  # rounded to 16 bits, then computed in float32
+        dtype = torch.float16 if mistake == "half_inputs" else torch.bfloat16
+        q, k, v = (t.to(dtype).float() for t in (q, k, v))
     N, D = q.shape
     scale = 1.0 / math.sqrt(D)
     mi = torch.full((N,), float("-inf"))
     li = torch.zeros(N)
     acc = torch.zeros(N, D)
     end = N - N % block_n if mistake == "dropped_tail" else N
+    if mistake == "zero_padded_tail":  # the last block filled up with zero keys, their scores left at 0
+        pad = torch.zeros((-N) % block_n, D)
+        k, v, end = torch.cat([k, pad]), torch.cat([v, pad]), N + len(pad)
     for start in range(0, end, block_n):
         kj, vj = k[start:start + block_n], v[start:start + block_n]
         sij = q @ kj.T * scale
@@ -34,7 +40,12 @@ def flash_v2(q, k, v, block_n, causal, *, mistake=None):
             li_new = alpha * li + beta * pij.sum(-1)
             acc = alpha[:, None] * acc + beta[:, None] * (pij @ vj)
         else:
-            pij = torch.exp(sij - mi_new[:, None])
+            against = mi_new
+            if mistake == "exp_old_max":
+                against = mi
+            elif mistake == "exp_old_max_guarded":
+                against = torch.where(mi == float("-inf"), 0.0, mi)
+            pij = torch.exp(sij - against[:, None])
             li_new = (li if mistake in ("missing_alpha_l", "missing_alpha_both") else alpha * li) + pij.sum(-1)
             if mistake in ("missing_alpha_acc", "missing_alpha_both"):
                 acc = acc + pij @ vj
@@ -42,7 +53,7 @@ def flash_v2(q, k, v, block_n, causal, *, mistake=None):
                 acc = acc * alpha[:, None] + pij @ vj
         if mistake in ("divide_every_step", "divide_every_step_and_end"):
             acc = acc / li_new[:, None]
-        mi, li = mi_new, li_new
+        mi, li = (mi if mistake == "max_never_updated" else mi_new), li_new
     if mistake in ("no_final_division", "divide_every_step"):
         return acc
     if mistake == "no_scale":
@@ -52,6 +63,8 @@ def flash_v2(q, k, v, block_n, causal, *, mistake=None):
 
 def flash_v1_step(qi, kj, vj, oi, li, mi, scale, *, mistake=None):
     """A learner's FA1 update, optionally with one mistake written in."""
+    if mistake == "half_inputs":
+        qi, kj, vj = (t.half().float() for t in (qi, kj, vj))
     sij = qi @ kj.T * scale
     mij = sij.amax(-1)
     pij = torch.exp(sij - mij[:, None])
@@ -107,6 +120,13 @@ def test_v2_stub_is_not_attempted(capsys):
     ("fa1_exponent_no_guard", "fully masked query rows"),
     ("local_causal_index", "check the causal mask"),
     ("no_scale", "relative error"),
+    # issue 17, item 5: each of these used to get a generic or a wrong message
+    ("zero_padded_tail", "filled up with zero keys"),
+    ("half_inputs", "rounding the inputs to float16"),
+    ("bf16_inputs", "rounding the inputs to bfloat16"),
+    ("exp_old_max", "every row is NaN .* running max from \\*before\\* this block"),
+    ("exp_old_max_guarded", "running max from before this block"),
+    ("max_never_updated", "mi is never updated"),
 ])
 def test_v2_mistakes_are_diagnosed(mistake, expected):
     def wrong(q, k, v, block_n, causal):
@@ -148,6 +168,7 @@ def test_v1_stub_is_not_attempted(capsys):
     ("no_undo", "multiply it back by li"),
     ("old_l", "NaN or inf"),
     ("shifted_state", "O is right but the state is not"),
+    ("half_inputs", "rounding the inputs to float16"),
 ])
 def test_v1_mistakes_are_diagnosed(mistake, expected):
     def wrong(*args):

@@ -10,10 +10,10 @@ import math
 
 import pytest
 
-from flashattn import profile, recorded, traffic
+from flashattn import plots, profile, recorded, traffic, traffic_counters
 from flashattn.exercises import ExerciseFailed
 from flashattn.exercises.traffic import check_l2_request_bytes, check_l2_served_fraction
-from flashattn.kernels import launch_tiles
+from flashattn.kernels import launch_tiles, registry
 from flashattn.measure.measurements import traffic as mt
 
 PROBLEM = dict(B=2, H=3, N=333, D=48, dtype_bytes=2)  # N not a multiple of any block
@@ -22,7 +22,7 @@ PROBLEM = dict(B=2, H=3, N=333, D=48, dtype_bytes=2)  # N not a multiple of any 
 def fake_launches(cfg: dict, l2_scale: float = 1.0, dram_scale: float = 0.5) -> list[dict]:
     """What ncu would report if the L2 requests were ``l2_scale`` × the model (per kernel)."""
     nums = mt.model_numbers(cfg)
-    per_kernel = nums.get("model_per_kernel") or {profile.kernel_names(cfg["variant"])[0]: nums["model_kernels"]}
+    per_kernel = nums.get("model_per_kernel") or {registry.kernel_names(cfg["variant"])[0]: nums["model_kernels"]}
     return [{"kernel": f"{name}_0d1d2d", "grid": "(1, 1, 1)", "block": "(128, 1, 1)", "units": {},
              "metrics": {"lts__t_sectors_srcunit_tex_op_read.sum": l2_scale * model["read"] / 32,
                          "lts__t_sectors_srcunit_tex_op_write.sum": l2_scale * model["write"] / 32,
@@ -54,7 +54,7 @@ def test_naive_bytes_per_kernel_add_up_and_follow_the_kernels():
     blocks = dict(block_m=64, block_n=32)
     per = traffic.naive_kernel_bytes(**PROBLEM, **blocks)
     total = traffic.hbm_bytes("naive", **PROBLEM, **blocks)
-    assert list(per) == list(profile.NAIVE_KERNELS)
+    assert list(per) == list(registry.kernel_names("naive"))
     assert sum(p["read"] for p in per.values()) == total["read"]
     assert sum(p["write"] for p in per.values()) == total["write"]
     bh, N = PROBLEM["B"] * PROBLEM["H"], PROBLEM["N"]
@@ -81,8 +81,9 @@ def test_compulsory_bytes():
 
 
 def test_measured_bytes_reads_plain_and_wrapped_values():
-    m = traffic.measured_bytes({"dram__bytes_read.sum": 100.0, "dram__bytes_write.sum": {"value": 7, "unit": "byte"},
-                                "lts__t_sectors_srcunit_tex_op_read.sum": 3.0})
+    m = traffic_counters.measured_bytes({"dram__bytes_read.sum": 100.0,
+                                         "dram__bytes_write.sum": {"value": 7, "unit": "byte"},
+                                         "lts__t_sectors_srcunit_tex_op_read.sum": 3.0})
     assert m == {"dram_read": 100.0, "dram_write": 7.0, "l2_read": 96.0, "l2_write": None, "l2_all": None}
 
 
@@ -119,9 +120,9 @@ def test_build_row_matches_the_model_when_the_counters_do():
     for cfg in mt.configs()[:3]:
         row = mt.build_row(cfg, fake_launches(cfg))
         assert "error" not in row
-        c = traffic.compare_with_model(row)
+        c = traffic_counters.compare_with_model(row)
         assert math.isclose(c["l2_over_model"]["total"], 1.0) and math.isclose(c["dram_over_model"]["read"], 0.5)
-        assert len(row["kernels"]) == len(profile.kernel_names(cfg["variant"]))
+        assert len(row["kernels"]) == len(registry.kernel_names(cfg["variant"]))
         assert row["block_m"] == cfg["options"]["block_m"] and row["size"] == cfg["size"]
         # additive metrics are summed over kernels, averages are not
         assert "sm__warps_active.avg.pct_of_peak_sustained_active" not in row["metrics"]
@@ -140,7 +141,7 @@ def test_summary_and_table():
     rows = [mt.build_row(c, fake_launches(c, l2_scale=1.3 if c["variant"] == "v2_padded" else 1.02,
                                           dram_scale=0.8 if c["variant"] == "v1" else 0.02))
             for c in mt.configs() if c["size"] == "large"]
-    s = traffic.measured_summary(rows, "large")
+    s = traffic_counters.measured_summary(rows, "large")
     assert s["within_tolerance"] == {"naive": True, "v1": True, "v2": True, "v2_kt": True, "v2_padded": False}
     v1 = next(r for r in rows if r["variant"] == "v1")
     v2 = next(r for r in rows if r["variant"] == "v2")
@@ -148,21 +149,21 @@ def test_summary_and_table():
     assert math.isclose(s["v2_over_v1_dram_read"], expected)
     assert "outside ±15%" in s["text"] and "v2_padded" in s["text"]
     rows.append(mt.error_row(mt.configs()[0], RuntimeError("boom")))
-    table = traffic.format_measured_table(rows)
+    table = traffic_counters.format_measured_table(rows)
     assert "error: RuntimeError: boom" in table and len(table.splitlines()) == 1 + 2 * 5 + 1
-    assert traffic.measured_summary(rows, "small")["v2_over_v1_dram_read"] is None
+    assert traffic_counters.measured_summary(rows, "small")["v2_over_v1_dram_read"] is None
 
 
 def test_plot_measured_traffic():
     import matplotlib.pyplot as plt
 
     rows = [mt.build_row(c, fake_launches(c)) for c in mt.configs() if c["size"] == "small"]
-    fig = traffic.plot_measured_traffic(rows, "small", caption_text="synthetic")
+    fig = plots.plot_measured_traffic(rows, "small", caption_text="synthetic")
     assert len(fig.axes) == 2 and fig.axes[0].get_yscale() == "log"
     assert [t.get_text().split("\n")[0] for t in fig.axes[0].get_xticklabels()] == [r["variant"] for r in rows]
     plt.close(fig)
     with pytest.raises(ValueError, match="no measured rows"):
-        traffic.plot_measured_traffic(rows, "large")
+        plots.plot_measured_traffic(rows, "large")
 
 
 # --- the measurement with ncu replaced ----------------------------------------------------------------
@@ -209,9 +210,7 @@ def test_traffic_measured_end_to_end_with_fakes(monkeypatch):
     monkeypatch.setattr(mt, "ncu_profile", fake_ncu_profile)
     monkeypatch.setattr(mt, "_precheck", lambda c: "OutOfResources: shared" if (c["size"], c["variant"]) == failing
                         else None)
-    from flashattn.measure.measurements import core as measurements
-
-    monkeypatch.setattr(measurements, "device_properties", lambda: {"l2_cache_bytes": 123})
+    monkeypatch.setattr(mt, "device_properties", lambda: {"l2_cache_bytes": 123})
     result = mt.traffic_measured()
     assert groups == ["attn_kernel_v1|attn_kernel_v2", "pv_kernel|scores_kernel|softmax_kernel"]  # two ncu runs
     cfgs = mt.configs()
@@ -223,11 +222,9 @@ def test_traffic_measured_end_to_end_with_fakes(monkeypatch):
 
 
 def test_traffic_measured_without_ncu(monkeypatch):
-    from flashattn.measure.measurements import core as measurements
-
     monkeypatch.setattr(mt, "find_ncu", lambda: None)
     monkeypatch.setattr(mt, "ncu_version", lambda: None)
-    monkeypatch.setattr(measurements, "device_properties", lambda: {"l2_cache_bytes": 1})
+    monkeypatch.setattr(mt, "device_properties", lambda: {"l2_cache_bytes": 1})
     result = mt.traffic_measured()
     assert result["error"] == "ncu not found" and all("not installed" in r["error"] for r in result["rows"])
 
@@ -249,7 +246,7 @@ def test_recorded_entry_is_consistent():
                "options": {k: row[k] for k in ("block_m", "block_n", "num_warps", "num_stages")}}
         nums = mt.model_numbers(cfg)
         assert row["model_kernels"] == nums["model_kernels"] and row["compulsory"] == nums["compulsory"]
-    summary = traffic.measured_summary(entry["rows"], "large")
+    summary = traffic_counters.measured_summary(entry["rows"], "large")
     if summary["v2_over_v1_dram_read"] is not None:
         assert summary["v2_over_v1_dram_read"] <= 0.10
 

@@ -1,22 +1,19 @@
-"""measurements_tuning: registration and the shapes the notebooks read (GPU code paths run on the H200 only)."""
+"""The compiled-facts and tuning measurements: registration and the shapes the notebooks read (their GPU code
+paths run on the H200 only)."""
 
 from flashattn import record, tuning
-from flashattn.measure.measurements.tuning import (
-    ABLATIONS,
-    AUTOTUNE_NAMES,
-    CHECK,
-    SWEEP_NAMES,
-    _ncu_targets,
-    _variant_jits,
-)
+from flashattn.kernels import registry
+from flashattn.measure.compiled import kernel_name
+from flashattn.measure.measurements.compiled import ABLATIONS, _ncu_targets, compiled_variants
+from flashattn.measure.measurements.tuning import AUTOTUNE_NAMES, CHECK, SWEEP_NAMES
 
 
 def test_every_measurement_is_registered():
-    registry = record.load_measurements()
+    registered = record.load_measurements()
     for name in ["compiled_facts", "compiled_facts_fast", "normalization_exp2", "occupancy_ncu",
                  *SWEEP_NAMES, *AUTOTUNE_NAMES]:
-        assert name in registry, name
-    assert SWEEP_NAMES == ["block_sweep_fp16_d64", "block_sweep_fp16_d128", "block_sweep_fp32_d32",
+        assert name in registered, name
+    assert list(SWEEP_NAMES) == ["block_sweep_fp16_d64", "block_sweep_fp16_d128", "block_sweep_fp32_d32",
                            "block_sweep_fp32_d64"]
 
 
@@ -32,8 +29,9 @@ def test_ablations_cover_both_options():
                                                                          (True, True)}
 
 
-def test_variant_kernels_are_named():
-    names = {v: [tuning.kernel_name(j) for j in _variant_jits(v)] for v in ("naive", "v1", "v2", "v2_padded")}
+def test_compiled_facts_cover_the_modelled_variants_and_name_their_kernels():
+    assert compiled_variants() == ["naive", "v1", "v2", "v2_kt", "v2_kt_view", "v2_padded"]
+    names = {v: [kernel_name(j) for j in registry.jit_kernels(v)] for v in compiled_variants()}
     assert names["naive"] == ["scores_kernel", "softmax_kernel", "pv_kernel"]
     assert names["v1"] == ["attn_kernel_v1"] and names["v2_padded"] == ["attn_kernel_v2"]
 
@@ -47,3 +45,4 @@ def test_sweep_budget():
 def test_ncu_targets_launch_one_kernel_each():
     targets = _ncu_targets()
     assert {t["variant"] for t in targets} == {"v1", "v2"} and len(targets) == 5
+    assert all(registry.get(t["variant"]).launches == 1 for t in targets)

@@ -5,11 +5,12 @@ import shlex
 import stat
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
 
-from flashattn import profile
+from flashattn import bank_counters, profile
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -20,7 +21,7 @@ def test_parse_captured_ncu_csv():
     assert len(rows) == 2  # warm-up launch and measured launch of one configuration
     for row in rows:
         assert "attn_kernel_v2" in row["kernel"]
-        for name in profile.BANK_METRICS:
+        for name in bank_counters.BANK_METRICS:
             assert isinstance(row["metrics"][name], float), name
         assert row["metrics"]["gpu__time_duration.sum"] > 0
         assert row["units"]["gpu__time_duration.sum"] == "ns"
@@ -48,7 +49,7 @@ def test_parse_without_table():
 def test_ncu_missing_is_explained(monkeypatch):
     monkeypatch.setattr(profile, "find_ncu", lambda: None)
     with pytest.raises(profile.NcuUnavailable, match="not installed"):
-        profile.ncu_profile([{"variant": "v2"}])
+        profile.ncu_profile([{"variant": "v2"}], ["gpu__time_duration.sum"])
 
 
 def test_ncu_command_line():
@@ -58,53 +59,13 @@ def test_ncu_command_line():
     assert cmd[-3:-1] == ["-m", "flashattn.measure.profile"]
 
 
-def test_sass_opcode_counts():
-    sass = """
-        /*0000*/                   LDC R1, c[0x0][0x28] ;
-        /*0010*/                   LDS.128 R4, [R2] ;
-        /*0020*/              @P0  LDS.128 R8, [R2+0x10] ;
-        /*0030*/              @!P1 FFMA R3, R4, R5, R3 ;
-        /*0040*/                   HGMMA.64x64x16.F32 R24, gdesc[UR4], RZ ;
-        /*0050*/                   MUFU.EX2 R7, R7 ;
-    """
-    assert profile.sass_opcode_counts(sass) == {
-        "FFMA": 1, "HGMMA.64x64x16.F32": 1, "LDC": 1, "LDS.128": 2, "MUFU.EX2": 1,
-    }
-
-
-def test_sass_opcode_counts_of_tritons_disassembler_format():
-    sass = (
-        "Function:attn_kernel_v2\n"
-        "B------:R-:W-:-:S02\tLDC R1, c[0x0][0x28] ;\n"
-        "B------:R-:W-:Y:S04\t@P0 LDS.64 R4, [R2] ;\n"
-        "B------:R-:W0:-:S01\tHGMMA.64x64x16.F32 R24, gdesc[UR4], RZ ;\n"
-        "LBB0:\n"
-    )
-    assert profile.sass_opcode_counts(sass) == {"HGMMA.64x64x16.F32": 1, "LDC": 1, "LDS.64": 1}
-
-
-def test_shared_layouts_from_ttgir():
-    ttgir = (
-        "#blocked = #ttg.blocked<{sizePerThread = [1, 4]}>\n"
-        "#shared = #ttg.swizzled_shared<{vec = 4, perPhase = 1, maxPhase = 8, order = [1, 0]}>\n"
-        "#shared1 = #ttg.nvmma_shared<{swizzlingByteWidth = 128, transposed = false}>\n"
-        "module {\n  %0 = ttg.local_alloc : !ttg.memdesc<64x64xf16, #shared>\n}\n"
-    )
-    assert profile.shared_layouts(ttgir) == [
-        "#shared = #ttg.swizzled_shared<{vec = 4, perPhase = 1, maxPhase = 8, order = [1, 0]}>",
-        "#shared1 = #ttg.nvmma_shared<{swizzlingByteWidth = 128, transposed = false}>",
-    ]
-
-
 # ---------------------------------------------------------------- traffic metrics, commands, torch.profiler
 
-def test_kernel_names_and_regex():
-    assert profile.kernel_names("naive") == ("scores_kernel", "softmax_kernel", "pv_kernel")
-    assert profile.kernel_names("v2_kt") == ("attn_kernel_v2",)
+def test_kernel_regex_from_the_registry():
     assert profile.kernel_regex(["v2", "v1", "v2_padded"]) == "attn_kernel_v1|attn_kernel_v2"
     assert profile.kernel_regex("naive") == "pv_kernel|scores_kernel|softmax_kernel"
     with pytest.raises(ValueError, match="unknown variant 'v3'"):
-        profile.kernel_names("v3")
+        profile.kernel_regex("v3")
 
 
 def test_target_config_validates():
@@ -171,7 +132,7 @@ def test_ncu_status_without_ncu(monkeypatch):
 
 
 def test_every_collected_metric_has_a_meaning():
-    for name in profile.TRAFFIC_METRICS + profile.SHARED_METRICS + profile.WARP_METRICS:
+    for name in profile.TRAFFIC_METRICS + bank_counters.SHARED_METRICS + profile.WARP_METRICS:
         assert name in profile.METRIC_MEANINGS, name
     assert "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio" in profile.WARP_METRICS
 
@@ -221,7 +182,7 @@ def test_ncu_profile_refused_permission(tmp_path, monkeypatch):
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(profile, "find_ncu", lambda: str(fake))
     with pytest.raises(profile.NcuUnavailable, match="ERR_NVGPUCTRPERM"):
-        profile.ncu_profile([profile.target_config("v2", B=1, H=1, N=64, D=16)])
+        profile.ncu_profile([profile.target_config("v2", B=1, H=1, N=64, D=16)], bank_counters.BANK_METRICS)
 
 
 def test_torch_profile_table_on_this_device():
@@ -236,8 +197,11 @@ def test_torch_profile_table_on_this_device():
                                   "v2": lambda: flashattn.attention(q, k, v, variant="v2")}, repeat=2)
     labels = [r for r in rows if r["kind"] == "label"]
     assert [r["name"] for r in rows[:2]] == [r["name"] for r in labels] and {r["name"] for r in labels} == {
-        "matmul", "v2"}
+        "matmul", "v2"}  # one row per label, also where the GPU ran inside it (issue 15)
     assert all(r["calls"] == 1 and r["cpu_ms"] > 0 for r in labels)
+    if runtime.MODE == "gpu":  # v2's kernel ran on the GPU inside its label
+        assert next(r for r in labels if r["name"] == "v2")["device_ms"] > 0
+        assert any(r["kind"] == "kernel" and "attn_kernel_v2" in r["name"] for r in rows)
     mm = [r for r in rows if r["name"] == "aten::mm"]
     assert mm and mm[0]["calls"] >= 2  # the matmul ran twice under the profiler (the warm-up did not count)
     table = profile.format_profile_table(rows, limit=3)
@@ -246,3 +210,32 @@ def test_torch_profile_table_on_this_device():
         profile.torch_profile({})
     with pytest.raises(ValueError, match="repeat"):
         profile.torch_profile({"x": lambda: None}, repeat=0)
+
+
+def _event(key, device, count=1, cpu=0.0, self_cpu=0.0, dev=0.0, self_dev=0.0, annotation=False):
+    from torch.autograd import DeviceType
+
+    return types.SimpleNamespace(key=key, device_type=DeviceType.CUDA if device else DeviceType.CPU, count=count,
+                                 cpu_time_total=cpu, self_cpu_time_total=self_cpu, device_time_total=dev,
+                                 self_device_time_total=self_dev, is_user_annotation=annotation)
+
+
+def test_profile_rows_merge_the_gpu_side_of_a_label():
+    """What the H200 gives (issue 15: ['v2', 'matmul'] == ['v2', 'matmul', 'v2']): a label whose range ran GPU
+    work comes twice, as a CPU range and as a GPU annotation; a kernel may even carry a label's name."""
+    events = [
+        _event("v2", device=False, cpu=900.0, self_cpu=50.0, dev=300.0, annotation=True),
+        _event("matmul", device=False, cpu=200.0, self_cpu=20.0, annotation=True),
+        _event("v2", device=True, dev=450.0, annotation=True),  # the GPU-side annotation of the range
+        _event("attn_kernel_v2", device=True, count=2, dev=400.0, self_dev=400.0),
+        _event("attn_kernel_v2", device=False, count=2, cpu=30.0, self_cpu=30.0),  # a CPU op of that name
+        _event("aten::mm", device=False, count=2, cpu=150.0, self_cpu=150.0),
+    ]
+    rows = profile.profile_rows(events, {"v2": None, "matmul": None, "attn_kernel_v2": None})
+    assert [(r["name"], r["kind"]) for r in rows] == [
+        ("v2", "label"), ("matmul", "label"), ("attn_kernel_v2", "kernel"), ("attn_kernel_v2", "op"),
+        ("aten::mm", "op")]
+    v2 = rows[0]
+    assert (v2["calls"], v2["cpu_ms"], v2["self_cpu_ms"], v2["device_ms"]) == (1, 0.9, 0.05, 0.45)
+    assert rows[2]["self_device_ms"] == 0.4 and rows[2]["calls"] == 2
+

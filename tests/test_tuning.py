@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from flashattn import recorded, tuning
+from flashattn import autotune, plots, recorded, tuning
 from flashattn.exercises.occupancy import check_blocks_per_sm
 from flashattn.exercises.tuning import check_fa1_block_sizes
 from flashattn.models.occupancy import occupancy
@@ -38,7 +38,8 @@ def test_prune_keeps_what_fits_and_never_nothing():
     cfgs = tuning.sweep_configs(tuning.AUTOTUNE_SPACE)
     kept = tuning.prune_configs(cfgs, d_pad=128, elem_bytes=2, shared_limit=232448)
     assert 0 < len(kept) < len(cfgs)
-    assert all(tuning.fits_shared(c, d_pad=128, elem_bytes=2, shared_limit=232448) for c in kept)
+    assert all(tuning.estimate_shared_bytes(block_m=c["block_m"], block_n=c["block_n"], num_stages=c["num_stages"],
+                                            d_pad=128, elem_bytes=2) <= 232448 for c in kept)
     assert {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 4} not in kept  # 288 KiB
     assert len(tuning.prune_configs(cfgs, d_pad=128, elem_bytes=2, shared_limit=10)) == 1
     auto = tuning.prune_autotune_space(cfgs, d_pad=64, elem_bytes=2, shared_limit=232448)
@@ -50,7 +51,7 @@ def test_prune_keeps_what_fits_and_never_nothing():
 
 
 def test_prune_accepts_triton_configs():
-    cfgs = tuning.triton_configs([{"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 4},
+    cfgs = autotune.triton_configs([{"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 4},
                                   {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2}])
     kept = tuning.prune_configs(cfgs, d_pad=128, elem_bytes=2, shared_limit=232448)
     assert [tuning.config_dict(c)["block_m"] for c in kept] == [64]
@@ -144,22 +145,12 @@ def test_heatmap_draws(tmp_path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots()
-    tuning.plot_sweep_heatmap(ax, _rows(), "test")
+    plots.plot_sweep_heatmap(ax, _rows(), "test")
     texts = [t.get_text() for t in ax.texts]
     assert "smem" in texts and "×" in texts and any("★" in t for t in texts)
     plt.close(fig)
 
 
-def test_instruction_summary():
-    counts = {"MUFU.EX2": 40, "MUFU.RCP": 5, "MUFU.LG2": 1, "HGMMA.64x64x16.F32": 16, "HMMA.16816.F32": 2,
-              "FFMA": 100, "FFMA.FTZ": 3, "FMUL": 7, "LDS.128": 9, "LDSM.16.M88.4": 2}
-    s = tuning.instruction_summary(counts)
-    assert s == {"exp2": 40, "rcp": 5, "mufu": 46, "mma": 18, "ffma": 103, "fmul": 7, "shared_loads": 11,
-                 "total": sum(counts.values())}
-
-
-def test_short_error_and_progress():
+def test_short_error():
     assert tuning.short_error(RuntimeError("x\n  y")) == "RuntimeError: x y"
     assert tuning.short_error("OutOfResources: shared memory").startswith("out of shared memory")
-    assert tuning.progress_text(3, 12, width=12, label="a") == "[###.........]  3/12 a"
-    assert tuning.progress_text(12, 12, width=4) == "[####] 12/12"

@@ -49,7 +49,7 @@ def test_integer_inputs(name):
         VARIANTS[name](q, k, v)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "v2_padded"])
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("v2_padded", "fast")])
 def test_unsupported_head_dim_points_to_padded(name):
     q, k, v = good(D=40)
     accepted = "accepted: 16, 32, 64, 128, 256; .*v2_padded"
@@ -61,6 +61,33 @@ def test_padded_head_dim_limit():
     q, k, v = good(D=130)
     with pytest.raises(ValueError, match="D=130 is not supported; accepted: any D from 1 to 128$"):
         VARIANTS["v2_padded"](q, k, v)
+    q, k, v = good(D=257)
+    with pytest.raises(ValueError, match="D=257 is not supported; accepted: any D from 1 to 256$"):
+        VARIANTS["fast"](q, k, v)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "fast"])
+def test_decoder_shapes_need_fast(name):
+    """Only fast takes L != S and grouped K/V heads; the teaching variants keep one shape for q, k and v."""
+    q, k, v = good()
+    with pytest.raises(ValueError, match=r"same shape .*k \(1, 2, 5, 16\)"):
+        VARIANTS[name](q, k[:, :, :5], v[:, :, :5])
+    with pytest.raises(ValueError, match=r"same shape .*k \(1, 1, 8, 16\)"):
+        VARIANTS[name](q, k[:, :1], v[:, :1])
+
+
+def test_decoder_shape_errors_name_what_is_wrong():
+    q, k, v = qkv(2, 6, 8, 16, torch.float32, seed=0)
+    with pytest.raises(ValueError, match=r"multiple of the key/value heads .*Hq=6 .*Hkv=4 \(k \(2, 4, 8, 16\)\)"):
+        VARIANTS["fast"](q, k[:, :4], v[:, :4])
+    with pytest.raises(ValueError, match=r"same batch B and head dimension D; got q \(2, 6, 8, 16\), "
+                                         r"k \(1, 6, 8, 16\)"):
+        VARIANTS["fast"](q, k[:1], v[:1])
+    with pytest.raises(ValueError, match=r"k and v must have the same shape \(B, Hkv, S, D\); got k \(2, 6, 8, 16\), "
+                                         r"v \(2, 6, 7, 16\)"):
+        VARIANTS["fast"](q, k, v[:, :, :7])
+    with pytest.raises(TypeError, match="one dtype; got q torch.float32, k torch.float16"):
+        VARIANTS["fast"](q, k[:, :2].half(), v[:, :2])
 
 
 @pytest.mark.parametrize("name", NAMES)

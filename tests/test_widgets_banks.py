@@ -1,5 +1,7 @@
 """The bank-conflict widget: its pure function, its layouts, and that the widget builds and reacts."""
 
+import html
+
 import ipywidgets
 import matplotlib.pyplot as plt
 import pytest
@@ -75,28 +77,55 @@ def test_bank_view_rejects(change, match):
     plt.close("all")
 
 
-def test_bank_widget_builds_and_reacts(monkeypatch):
-    calls = []
-    monkeypatch.setattr(widgets, "_show_banks", lambda **settings: calls.append(settings))
-    box = widgets.bank_widget(display_static=True)
-    assert isinstance(box, ipywidgets.VBox)
-    controls = {c.description: c for hbox in box.children[0].children for c in hbox.children}
+def _controls(box):
+    return {c.description: c for hbox in box.children if isinstance(hbox, ipywidgets.HBox) for c in hbox.children}
+
+
+def _summary_text(box):
+    fig, summary = widgets.bank_view(**box.settings())
+    plt.close(fig)
+    return summary["text"]
+
+
+def test_bank_widget_shows_one_figure_the_current_one():
+    box = widgets.bank_widget()
+    assert isinstance(box, widgets.FigureWidget)
+    controls = _controls(box)
     assert set(controls) == {"D", "dtype", "access", "layout", "padding", "swizzle"}
     assert all(c.continuous_update is False for c in controls.values())
-    assert isinstance(box.children[1], ipywidgets.Output)
-    assert calls == [widgets.bank_defaults()]  # the static figure only: the Output fills on a change
+    assert [type(c) for c in box.children if not isinstance(c, ipywidgets.HBox)] == [ipywidgets.Image,
+                                                                                    ipywidgets.HTML]
+    default_png = bytes(box.image.value)
+    assert "32-way conflict" in box.text and box.summary.value == html.escape(box.text)
     controls["padding"].value = 1
-    assert calls[-1]["padding"] == 1 and calls[-1]["D"] == 32
+    assert box.settings() == {**widgets.bank_defaults(), "padding": 1}
+    assert bytes(box.image.value) != default_png and "32-way" not in box.text
+    assert box.text == _summary_text(box)
     controls["layout"].value = "col"
-    assert calls[-1]["layout"] == "col"
-
-
-def test_bank_widget_renders_and_explains_impossible_settings(capsys):
-    box = widgets.bank_widget(display_static=True, D=64)
-    assert isinstance(box, ipywidgets.VBox)
-    assert "64×64 row-major" in capsys.readouterr().out
+    assert box.text == _summary_text(box)
     assert plt.get_fignums() == []
-    widgets._show_banks(**{**widgets.bank_defaults(), "padding": 1, "access_bytes": 16})
-    assert capsys.readouterr().out.startswith("not possible: lane 1")
-    with pytest.raises(Exception):  # noqa: B017 - an option the dropdown does not offer
-        widgets.bank_widget(display_static=False, D=48)
+
+
+def test_bank_widget_explains_impossible_settings_and_hides_the_figure():
+    box = widgets.bank_widget(D=64)
+    assert "64×64 row-major" in box.text
+    controls = _controls(box)
+    controls["padding"].value = 1
+    controls["access"].value = 16  # a padded row is no longer 16-byte aligned
+    assert box.text.startswith("not possible: lane 1") and box.image.layout.display == "none"
+    data = box._repr_mimebundle_()
+    assert "image/png" not in data and data["text/plain"].startswith("not possible")  # no stale figure
+    controls["padding"].value = 4
+    assert box.image.layout.display is None and "line stride 68" in box.text
+    assert "image/png" in box._repr_mimebundle_()
+
+
+def test_bank_widget_rejects_bad_settings():
+    with pytest.raises(ValueError, match="D must be one of"):
+        widgets.bank_widget(D=48)
+    with pytest.raises(ValueError, match="padding must be one of"):
+        widgets.bank_widget(padding=3)
+    with pytest.raises(TypeError, match="unknown settings"):
+        widgets.bank_widget(swizle=2)
+    with pytest.raises(ValueError, match="not aligned"):  # defaults that cannot be drawn fail at once
+        widgets.bank_widget(padding=1, access_bytes=16)

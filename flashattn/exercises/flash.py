@@ -69,14 +69,19 @@ def _factor(out_row: torch.Tensor, ref_row: torch.Tensor) -> float | None:
 
 
 def flash_v2_model(q, k, v, block_n: int, causal: bool, *, rescale_acc=True, rescale_l=True,
-                   normalize="end", tail=True, fa1_exponent=False, scale=None) -> torch.Tensor:
+                   normalize="end", tail=True, fa1_exponent=False, exponent="new", update_max=True,
+                   scale=None) -> torch.Tensor:
     """The v2 loop for one head in float64, with switches that put in one classic mistake.
 
     normalize: "end" (divide once after the loop, correct), "never" (forget the final division),
     "every_step" (divide acc by li_new at every step without multiplying the old li back, and
     nothing at the end), "every_step_and_end" (the same, and the final division as well).
+    tail: True (the last, shorter block is used), False (it is dropped), "zero" (k and v padded with
+    zero rows to a multiple of block_n, and the padded keys' scores, 0, left unmasked).
     fa1_exponent: exponentiate against each block's own row max (FA1 form) with no guard, which
     gives NaN for a row that is fully masked inside a block.
+    exponent="old": exponentiate against the running max from before the block (-inf at the first:
+    NaN), "old_guarded": the same with -inf replaced by 0. update_max=False: mi is never assigned.
     """
     q, k, v = (t.double() for t in (q, k, v))
     N, D = q.shape
@@ -86,6 +91,9 @@ def flash_v2_model(q, k, v, block_n: int, causal: bool, *, rescale_acc=True, res
     acc = torch.zeros(N, D, dtype=torch.float64)
     rows = torch.arange(N)[:, None]
     end = N if tail else N - N % block_n
+    if tail == "zero":
+        pad = torch.zeros((-N) % block_n, D, dtype=torch.float64)
+        k, v, end = torch.cat([k, pad]), torch.cat([v, pad]), N + len(pad)
     for start in range(0, end, block_n):
         kj, vj = k[start:start + block_n], v[start:start + block_n]
         sij = (q @ kj.T) * scale
@@ -99,20 +107,37 @@ def flash_v2_model(q, k, v, block_n: int, causal: bool, *, rescale_acc=True, res
             beta = torch.exp(mij - mi_new)
             pv, rowsum = beta[:, None] * (pij @ vj), beta * pij.sum(-1)
         else:
-            pij = torch.exp(sij - mi_new[:, None])
+            against = {"new": mi_new, "old": mi, "old_guarded": torch.where(torch.isneginf(mi), 0.0, mi)}[exponent]
+            pij = torch.exp(sij - against[:, None])
             pv, rowsum = pij @ vj, pij.sum(-1)
         li_new = (alpha * li if rescale_l else li) + rowsum
         acc = (alpha[:, None] * acc if rescale_acc else acc) + pv
         if normalize in ("every_step", "every_step_and_end"):
             acc = acc / li_new[:, None]
-        mi, li = mi_new, li_new
+        mi, li = (mi_new if update_max else mi), li_new
     if normalize in ("end", "every_step_and_end"):
         acc = acc / li[:, None]
     return acc
 
 
-# name, model switches, diagnosis ({row}, {factor}, {case} are filled in)
+# name, model switches, diagnosis ({row}, {how}, {case}, {tail} are filled in); NaN-producing models
+# are matched NaN for NaN, so the first ones here are recognised before any generic NaN message
 V2_MISTAKES = (
+    ("exp_old_max", dict(exponent="old"),
+     "every row is NaN ({case}): you exponentiate the scores against mi, the running max from *before* this "
+     "block, which is -inf at the first block: exp(sij - (-inf)) = inf. Compute mi_new = max(mi, rowmax(sij)) "
+     "first and use pij = exp(sij - mi_new[:, None])."),
+    ("exp_old_max_guarded", dict(exponent="old_guarded"),
+     "row {row} {how} ({case}): you exponentiate the scores against the running max from before this block "
+     "(and 0 at the first). pij must be exp(sij - mi_new) with mi_new = max(mi, rowmax(sij)), the max that "
+     "includes this block: then every exponent is <= 0 and alpha = exp(mi - mi_new) rescales the old state."),
+    ("max_never_updated", dict(update_max=False),
+     "row {row} {how} ({case}): only the last block counts. mi is never updated (mi = mi_new is missing), so "
+     "it stays -inf, alpha = exp(-inf - mi_new) = 0 at every step and the state is wiped each time."),
+    ("zero_padded_tail", dict(tail="zero"),
+     "row {row} {how} ({case}): the last block was filled up with zero keys to block_n, and their scores "
+     "(0, not -inf) count: each adds exp(0 - mi_new) to li. Keys past N must get the score -inf (or use a "
+     "shorter last block, k[start:start + block_n])."),
     ("missing_alpha_acc", dict(rescale_acc=False),
      "row {row} {how} ({case}): did you rescale the accumulator by "
      "alpha = exp(mi - mi_new) before adding pij @ vj? When the running max grows, what acc holds "
@@ -150,9 +175,37 @@ def _case_text(N, block_n, causal):
     return f"N={N}, block_n={block_n}, causal={causal}"
 
 
+def _same(out: torch.Tensor, model: torch.Tensor) -> bool:
+    """NaN where the model has NaN, and the finite values within TOL (relative, Frobenius)."""
+    bad = ~torch.isfinite(model)
+    if not torch.equal(bad, ~torch.isfinite(out)):
+        return False
+    return bool(bad.all()) or rel_error(out[~bad], model[~bad]) <= TOL
+
+
+def _precision_message(out, ref, rounded_run, text) -> str | None:
+    """A result about as far from the reference as the right computation on inputs rounded to 16 bits
+    (``rounded_run(dtype)`` returns that computation's output)."""
+    err = rel_error(out, ref)
+    for dtype, roundoff in ((torch.float16, "4.9e-4"), (torch.bfloat16, "3.9e-3")):
+        if err <= 3 * rel_error(rounded_run(dtype), ref):
+            return (f"the output is close but not exact ({text}): relative error {err:.2g}, about what rounding "
+                    f"the inputs to {str(dtype).replace('torch.', '')} gives (unit roundoff {roundoff}). Compute in "
+                    "the inputs' dtype (float32): no .half(), .bfloat16() or 16-bit tensors in the loop.")
+    return None
+
+
 def _diagnose_v2(case, out, ref, q, k, v, passed):
     N, D, block_n, causal = case
     text = _case_text(N, block_n, causal)
+    bad_rows = _bad_rows(out, ref) or [0]
+    row = bad_rows[0]
+    factor = _factor(out[row], ref[row]) if torch.isfinite(out[row]).all() else None
+    how = f"is off by a factor of {factor:.4g}" if factor is not None else "is wrong"
+    for _name, switches, message in V2_MISTAKES:
+        model = flash_v2_model(q, k, v, block_n, causal, **switches)
+        if not _same(ref, model) and _same(out, model):
+            raise ExerciseFailed(message.format(row=row, how=how, case=text, tail=N % block_n))
     bad = _nonfinite_rows(out)
     if bad:
         raise ExerciseFailed(
@@ -164,14 +217,10 @@ def _diagnose_v2(case, out, ref, q, k, v, passed):
                "subtracting it." if causal else
                "Check the initial state (mi = -inf, li = 0, acc = 0) and that you never divide by 0.")
         )
-    rows = _bad_rows(out, ref)
-    row = rows[0]
-    factor = _factor(out[row], ref[row])
-    how = f"is off by a factor of {factor:.4g}" if factor is not None else "is wrong"
-    for _name, switches, message in V2_MISTAKES:
-        model = flash_v2_model(q, k, v, block_n, causal, **switches)
-        if rel_error(model, ref) > TOL and rel_error(out, model) <= TOL:
-            raise ExerciseFailed(message.format(row=row, how=how, case=text, tail=N % block_n))
+    precision = _precision_message(
+        out, ref, lambda dtype: flash_v2_model(*(t.to(dtype) for t in (q, k, v)), block_n, causal), text)
+    if precision:
+        raise ExerciseFailed(precision)
     if causal and any(not c for (_, _, _, c) in passed):
         raise ExerciseFailed(
             f"the non-causal runs are right but {text} is not (first wrong row {row}): check the causal "
@@ -313,6 +362,14 @@ def check_flash_v1_step(fn) -> str:
             mo, _, _ = _run_v1(model, q.double(), k.double(), v.double(), block_m, block_n, scale)
             if rel_error(mo, ref) > TOL and rel_error(o, mo) <= TOL:
                 raise ExerciseFailed(message.format(row=row, how=how, case=case))
+
+        def rounded_run(dtype):
+            qkv = (t.to(dtype).double() for t in (q, k, v))
+            return _run_v1(flash_v1_step_model, *qkv, block_m, block_n, scale)[0]
+
+        precision = _precision_message(o, ref, rounded_run, case)
+        if precision:
+            raise ExerciseFailed(precision)
         raise ExerciseFailed(
             f"O is wrong ({case}): relative error {rel_error(o, ref):.3g}, first wrong row {row}. "
             "The v1 update: mij = rowmax(sij), pij = exp(sij - mij), lij = rowsum(pij), "

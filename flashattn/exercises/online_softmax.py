@@ -11,6 +11,8 @@ the mistake instead of only saying "wrong".
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from flashattn.models.softmax import merge as _merge
@@ -308,11 +310,57 @@ def _stats(x, chunk):
     return m[..., -1], l[..., -1]
 
 
+def _softmax_loop(x, chunk, *, exponent="new", update_max=True, final="m"):
+    """The running (m, l) loop with one mistake, then exp(x - m) / l.
+
+    exponent: "new" (exp(xj - m_new), right), "old" (exp(xj - m_old): -inf at the first chunk),
+    "old_guarded" (exp(xj - m_old) with -inf replaced by 0). update_max=False: m is never assigned, and
+    the final step uses m ("m", -inf: exp overflows), m with -inf replaced by 0 ("m_guarded"), or the last
+    chunk's m_new ("m_new").
+    """
+    m = torch.full(x.shape[:-1], NEG_INF, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    m_new = m
+    for s, e in _spans(x.shape[-1], chunk):
+        xj = x[..., s:e]
+        m_new = torch.maximum(m, xj.amax(-1))
+        against = {"new": _offset(m_new), "old": m, "old_guarded": _offset(m)}[exponent]
+        l = torch.exp(m - _offset(m_new)) * l + torch.exp(xj - against[..., None]).sum(-1)
+        if update_max:
+            m = m_new
+    last = {"m": m, "m_guarded": _offset(m), "m_new": _offset(m_new)}[final]
+    return torch.exp(x - last[..., None]) / l[..., None]
+
+
+def _softmax_zero_padded_tail(x, chunk):
+    """The last chunk filled up with zeros to the chunk size, and the zeros counted as logits."""
+    pad = torch.zeros(*x.shape[:-1], (-x.shape[-1]) % chunk, dtype=x.dtype)
+    m, l = _stats(torch.cat([x, pad], -1), chunk)
+    return torch.exp(x - _offset(m)[..., None]) / l[..., None]
+
+
+_NEVER_UPDATED = ("m is never updated: set m = m_new after each chunk. Otherwise m stays -inf, the factor "
+                  "exp(m - m_new) that rescales l is 0 at every chunk, and l only holds the last chunk.")
+_EXP_OLD_MAX = ("you exponentiate each chunk against the max from before it (m_old, -inf at the first "
+                "chunk). Exponentiate against m_new = max(m_old, max of the chunk), so that every exponent "
+                "is <= 0, and rescale the old l by exp(m_old - m_new).")
+
+
 _TAIL = ("the tail chunk is missing: when N is not a multiple of the chunk size the last chunk is "
          "shorter (N % chunk logits). Loop with range(0, N, chunk) and slice x[..., start:start + chunk] "
          "(slicing past the end is fine), so the last, short chunk is included.")
 
 ONLINE_SOFTMAX_MISTAKES = [
+    ("exp_old_max", lambda x, chunk: _softmax_loop(x, chunk, exponent="old"), _EXP_OLD_MAX),
+    ("exp_old_max_guarded", lambda x, chunk: _softmax_loop(x, chunk, exponent="old_guarded"), _EXP_OLD_MAX),
+    ("max_never_updated", lambda x, chunk: _softmax_loop(x, chunk, update_max=False), _NEVER_UPDATED),
+    ("max_never_updated_guarded", lambda x, chunk: _softmax_loop(x, chunk, update_max=False, final="m_guarded"),
+     _NEVER_UPDATED),
+    ("max_never_updated_last", lambda x, chunk: _softmax_loop(x, chunk, update_max=False, final="m_new"),
+     _NEVER_UPDATED),
+    ("zero_padded_tail", _softmax_zero_padded_tail,
+     "the last chunk was filled up with zeros to the chunk size, and the zeros count as logits: each adds "
+     "exp(0 - m) to l. The last chunk is shorter: take x[..., start:start + chunk] (or pad with -inf)."),
     ("no_rescale", _softmax_no_rescale,
      "the result is off by a factor per row (the rows sum to less than 1): did you rescale l by "
      "exp(m_old - m_new)? When a chunk raises the max, the sum so far is relative to the old max and "
@@ -403,13 +451,43 @@ def _describe_softmax_error(out, ref, x, chunk, rtol, atol) -> str:
     return f"{detail}. Each row must equal torch.softmax(x, dim=-1)."
 
 
+_SOFTMAX_FUNCTIONS = ((torch, "softmax"), (torch, "log_softmax"), (torch.nn.functional, "softmax"),
+                      (torch.nn.functional, "log_softmax"), (torch.special, "softmax"), (torch.special, "log_softmax"),
+                      (torch.Tensor, "softmax"), (torch.Tensor, "log_softmax"))
+
+
+@contextlib.contextmanager
+def _watch_softmax(used: list):
+    """Record (in ``used``) every call of PyTorch's own softmax while the learner's function runs."""
+    saved = []
+    for owner, name in _SOFTMAX_FUNCTIONS:
+        original = getattr(owner, name)
+
+        def watched(*args, _original=original, _name=name, **kwargs):
+            used.append(_name)
+            return _original(*args, **kwargs)
+
+        saved.append((owner, name, original, name in vars(owner)))
+        setattr(owner, name, watched)
+    try:
+        yield
+    finally:
+        for owner, name, original, own in reversed(saved):
+            if own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+
+
 @exercise("online softmax")
 def check_online_softmax(fn, seed: int = 0) -> str:
     """Check ``fn(x, chunk)``: softmax of a (rows, N) tensor along its last dim, over chunks of keys."""
     gen = torch.Generator().manual_seed(seed)
     cases = _softmax_cases(gen)
+    used: list[str] = []
     for label, x, chunk, rtol, atol in cases:
-        out = call(fn, x.clone(), chunk)
+        with _watch_softmax(used):
+            out = call(fn, x.clone(), chunk)
         ref = torch.softmax(x.to(torch.float64), dim=-1)
         where = f"[{label}]"
         if not isinstance(out, torch.Tensor):
@@ -417,10 +495,19 @@ def check_online_softmax(fn, seed: int = 0) -> str:
         if out.shape != x.shape:
             raise ExerciseFailed(f"{where} the output has shape {tuple(out.shape)}, x has {tuple(x.shape)}: "
                                  "return one probability per logit.")
+        if out.dtype != x.dtype:
+            raise ExerciseFailed(f"{where} the output is {str(out.dtype).replace('torch.', '')} for "
+                                 f"{str(x.dtype).replace('torch.', '')} x: keep x's dtype (create the running "
+                                 "state with dtype=x.dtype, and do not convert the result).")
         if _close(out, ref, rtol, atol):
             continue
         message = _match_mistake(out, ref, ONLINE_SOFTMAX_MISTAKES, (x, chunk), rtol, atol)
         if message is None:
             message = _describe_softmax_error(out, ref, x, chunk, rtol, atol)
         raise ExerciseFailed(f"{where} {message}")
+    if used:
+        raise ExerciseFailed(
+            f"the results are right, but your function calls PyTorch's own {used[0]}: the exercise is the loop "
+            "that makes softmax online. Keep the running state (m, l) over the chunks, then return "
+            "exp(x - m) / l, with no softmax call.")
     return f"{len(cases)} cases (row lengths that are not multiples of the chunk, large logits, masked chunks)"

@@ -1,9 +1,9 @@
-"""The Hopper path of ``fast``: the same loop written in Gluon, so that the overlap is ours to schedule.
+"""The Hopper path of ``fast`` (notebook 11): the same loop written in Gluon, so that the overlap is ours to schedule.
 
 Triton decides by itself when a ``tl.dot`` waits for the tensor cores. Gluon, Triton's lower-level
 language, lets the kernel say it: ``warpgroup_mma(..., is_async=True)`` issues a Hopper ``wgmma`` and
 returns at once, ``warpgroup_mma_wait(n)`` waits until at most ``n`` of them are still running. That
-is what FlashAttention-3's *intra-warpgroup overlap* needs. For key block j the loop
+is what FlashAttention-3's *intra-warpgroup overlap* needs. For key block j the loop (``_step``)
 
 1. issues ``sij = qi · kjᵀ``                       (tensor cores)
 2. issues ``acc += p(j-1) · v(j-1)`` for the block before   (tensor cores, queued behind 1)
@@ -11,24 +11,28 @@ is what FlashAttention-3's *intra-warpgroup overlap* needs. For key block j the 
 4. waits for 2, and rescales ``acc`` by block j's ``alpha``.
 
 (``OVERLAP=False`` waits for each product as soon as it is issued: the same kernel without the overlap,
-for notebook 10's ablation.)
+for the ablation.)
 
 So the exponentials of one block overlap the second matrix product of the previous one. K and V tiles
-arrive by TMA into a ring of ``STAGES`` shared-memory slots, each with an mbarrier that says "landed";
-a slot is refilled as soon as the product that reads it has finished.
+arrive by TMA into rings of ``STAGES`` shared-memory slots (``k_ring``, ``v_ring``), each slot with an
+mbarrier that says "landed"; a slot is handed back as soon as the product that reads it has finished.
 
-``WARP_SPECIALIZE`` (FlashAttention-3's layout of a program): one *producer* warp issues every TMA copy
-and ``CONSUMERS`` (2 or 3) *consumer* warpgroups, each with its own BLOCK_M rows of Q, run the loop above on
-the same K/V ring, so a program covers CONSUMERS·BLOCK_M rows and every K/V tile loaded serves them all.
-The producer needs almost no registers; ``setmaxnreg`` hands them to the consumers (240 per thread for two,
-160 for three). mbarriers pass the slots around: "ready" (the copy landed) and "empty" (every consumer is
-done with it). The programs loop over tiles, so the same kernel also runs *persistent* (``PERSISTENT``:
-one program per SM, the producer already loading the next tile's Q and K/V while the consumers finish the
-last one).
+Two ways to lay out a program, one loop (``_attend_tile``) for both:
+
+* one warpgroup per program (``_one_warpgroup``): it issues its own TMA copies, and refills a slot itself;
+* ``WARP_SPECIALIZE`` (FlashAttention-3's layout): one *producer* warp issues every TMA copy and
+  ``CONSUMERS`` (2 or 3) *consumer* warpgroups, each with its own BLOCK_M rows of Q, run the loop on the
+  same K/V rings, so a program covers CONSUMERS·BLOCK_M rows and every K/V tile loaded serves them all.
+  The producer needs almost no registers; ``setmaxnreg`` hands them to the consumers (240 per thread for
+  two, 160 for three). mbarriers pass the slots around: "ready" (the copy landed) and "empty" (every
+  consumer is done with it). The programs loop over tiles, so the same kernel also runs *persistent*
+  (``PERSISTENT``: one program per SM, the producer already loading the next tile's Q and K/V while the
+  consumers finish the last one).
 
 Same names and results as ``attn_kernel_fast``: the running max ``mi`` in scaled base-2 units, ``li``,
 ``acc`` normalized once at the end, the log-sum-exp on request. Hopper only (``wgmma`` is sm_90's
-instruction), 16-bit inputs, D = 64 or 128; other cases use the Triton kernel.
+instruction), 16-bit inputs, D = 64 or 128, as many keys as queries and one K/V head per query head;
+other problems use the Triton kernel.
 """
 
 from __future__ import annotations
@@ -41,17 +45,25 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .constants import LN_2
+
 DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # the TMA load's name: async_copy_global_to_shared up to Triton 3.6, async_load after
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
 
+@gluon.constexpr_function
+def _mma_layout(num_warps, n):
+    """The register layout of a wgmma result with ``n`` columns: the warps stacked along its rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+
 @gluon.jit
-def _load_tile(desc, bars, smem, slot, row, pred):
-    """TMA: rows ``row .. row + block`` of ``desc`` into ring slot ``slot``; its barrier counts the bytes."""
+def _load_tile(desc, bars, ring, slot, row, pred):
+    """TMA: rows ``row .. row + block`` of ``desc`` into slot ``slot`` of ``ring``; its barrier counts the bytes."""
     bar = bars.index(slot)
     mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-    tma_load(desc, [row, 0], bar, smem.index(slot), pred=pred)
+    tma_load(desc, [row, 0], bar, ring.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -73,9 +85,146 @@ def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale,
 
 
 @gluon.jit
+def _free_k(ring, refill, frees, slot, j, n_blocks):
+    """Block j's K tile has been read. A warpgroup that loads its own tiles (``refill``: K, V and the head's
+    first key row) refills the slot with block j + STAGES; a consumer (``frees``) tells the producer, and after
+    its last block also lets go of its Q tile, so that the producer may load the next tile's."""
+    k_ring, v_ring, k_ready, v_ready = ring
+    STAGES: gl.constexpr = k_ring.shape[0]
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+    if refill is not None:
+        K, V, kv_row0 = refill
+        _load_tile(K, k_ready, k_ring, slot, kv_row0 + (j + STAGES) * BLOCK_N, j + STAGES < n_blocks)
+    else:
+        k_empty, v_empty, q_empty = frees
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        mbarrier.arrive(q_empty, count=1, pred=j == n_blocks - 1)
+
+
+@gluon.jit
+def _free_v(ring, refill, frees, slot, j, n_blocks):
+    """Block j's V tile has been read: refill its slot with block j + STAGES, or tell the producer."""
+    k_ring, v_ring, k_ready, v_ready = ring
+    STAGES: gl.constexpr = v_ring.shape[0]
+    BLOCK_N: gl.constexpr = v_ring.shape[1]
+    if refill is not None:
+        K, V, kv_row0 = refill
+        _load_tile(V, v_ready, v_ring, slot, kv_row0 + (j + STAGES) * BLOCK_N, j + STAGES < n_blocks)
+    else:
+        k_empty, v_empty, q_empty = frees
+        mbarrier.arrive(v_empty.index(slot), count=1)
+
+
+@gluon.jit
+def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m, N, qk_scale,
+          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+    """Key block j >= 1, the c-th block through the rings: steps 1-4 of the module docstring. Returns the
+    block's ``pij`` (for the next step's p · v), and ``acc``, ``mi``, ``li``."""
+    k_ring, v_ring, k_ready, v_ready = ring
+    STAGES: gl.constexpr = k_ring.shape[0]
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+    BLOCK_M: gl.constexpr = qi.shape[0]
+    s_layout: gl.constexpr = _mma_layout(gl.num_warps(), BLOCK_N)
+    p_layout: gl.constexpr = pij.type.layout
+    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # ignored: use_acc=False
+    slot = c % STAGES
+    prev = (c - 1) % STAGES
+    mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)  # kj landed (the phase flips each lap of the ring)
+    sij = warpgroup_mma(qi, k_ring.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    if not OVERLAP:  # for comparison: each product waited for at once, nothing runs beside the softmax
+        sij = warpgroup_mma_wait(0, deps=[sij])
+    mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
+    pv = warpgroup_mma(pij, v_ring.index(prev), acc, is_async=True)  # the previous block's p · v
+    if not OVERLAP:
+        pv, pij = warpgroup_mma_wait(0, deps=[pv, pij])
+    sij = warpgroup_mma_wait(1, deps=[sij])  # scores done; p · v may still run
+    _free_k(ring, refill, frees, slot, j, n_blocks)
+    p_next, mi, li, alpha = _softmax(sij, mi, li, j * BLOCK_N, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL, s_layout)
+    acc, pij = warpgroup_mma_wait(0, deps=[pv, pij])  # pij's registers stay live until p · v is done
+    if refill is None:  # a consumer hands the V slot back to the producer at once
+        _free_v(ring, refill, frees, prev, j - 1, n_blocks)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    if refill is not None:  # a lone warpgroup issues its own copy after the rescale (the order it was measured in)
+        _free_v(ring, refill, frees, prev, j - 1, n_blocks)
+    return gl.convert_layout(p_next.to(k_ring.dtype), p_layout), acc, mi, li
+
+
+@gluon.jit
+def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale,
+                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+    """One warpgroup's rows ``m0 .. m0 + BLOCK_M`` (Q in ``qi``, landed) against ``n_blocks`` key blocks, block j
+    in slot (c0 + j) % STAGES of the rings. Returns ``acc`` (not yet normalized), ``li`` and ``mi``."""
+    k_ring, v_ring, k_ready, v_ready = ring
+    STAGES: gl.constexpr = k_ring.shape[0]
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+    BLOCK_M: gl.constexpr = qi.shape[0]
+    D: gl.constexpr = qi.shape[1]
+    # Register layouts of the two products' results (wgmma's accumulator layout), and pij's layout as
+    # wgmma's left operand straight from registers.
+    s_layout: gl.constexpr = _mma_layout(gl.num_warps(), BLOCK_N)
+    o_layout: gl.constexpr = _mma_layout(gl.num_warps(), D)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    offs_m = m0 + gl.arange(0, BLOCK_M, layout=row_s)
+    mi = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    li = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
+    acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # ignored: use_acc=False
+
+    # block 0: scores and softmax, nothing to overlap with yet
+    slot = c0 % STAGES
+    mbarrier.wait(k_ready.index(slot), (c0 // STAGES) & 1)
+    sij = warpgroup_mma(qi, k_ring.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    sij = warpgroup_mma_wait(0, deps=[sij])
+    _free_k(ring, refill, frees, slot, 0, n_blocks)
+    pij, mi, li, alpha = _softmax(sij, mi, li, 0, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL, s_layout)
+    pij = gl.convert_layout(pij.to(k_ring.dtype), p_layout)
+
+    for j in range(1, n_blocks):
+        pij, acc, mi, li = _step(j, c0 + j, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m, N,
+                                 qk_scale, CAUSAL, OVERLAP)
+
+    # the last block's p · v
+    c = c0 + n_blocks - 1
+    mbarrier.wait(v_ready.index(c % STAGES), (c // STAGES) & 1)
+    acc = warpgroup_mma(pij, v_ring.index(c % STAGES), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    if refill is None:  # a consumer hands the last V slot back (a lone warpgroup has nothing left to load)
+        _free_v(ring, refill, frees, c % STAGES, n_blocks - 1, n_blocks)
+    return acc, li, mi
+
+
+@gluon.jit
+def _store(acc, li, mi, O, LSE, row0, m0, bh, N, STORE_LSE: gl.constexpr):
+    """Normalize once and store rows ``m0 ..`` (through a row-major layout: 8 contiguous values per thread)."""
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    D: gl.constexpr = acc.shape[1]
+    out = (acc / gl.convert_layout(li, gl.SliceLayout(1, acc.type.layout))[:, None]).to(O.dtype.element_ty)
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // D, D // 8], [gl.num_warps(), 1], [1, 0])
+    out = gl.convert_layout(out, out_layout)
+    offs_mo = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, out_layout))
+    o_ptrs = O + (row0 + offs_mo).to(gl.int64)[:, None] * D + offs_d[None, :]
+    gl.store(o_ptrs, out, mask=offs_mo[:, None] < N)
+    if STORE_LSE:  # natural log: mi and log2(li) are in base 2
+        offs_m = m0 + gl.arange(0, BLOCK_M, layout=mi.type.layout)
+        gl.store(LSE + bh.to(gl.int64) * N + offs_m, (mi + gl.log2(li)) * LN_2, mask=offs_m < N)
+
+
+@gluon.jit
+def _key_blocks(m0, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """How many key blocks rows ``m0 .. m0 + ROWS`` see (causal: up to the diagonal)."""
+    if CAUSAL:
+        return gl.cdiv(gl.minimum(m0 + ROWS, N), BLOCK_N)
+    else:
+        return gl.cdiv(N, BLOCK_N)
+
+
+@gluon.jit
 def _one_warpgroup(Q, K, V, O, LSE, N, qk_scale,
                    D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+                   CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr):
     """The loop in one warpgroup per program (num_warps = 4), or 2 with 8 warps: each issues its own loads."""
     dtype: gl.constexpr = Q.dtype
     pid_m = gl.program_id(0)
@@ -85,97 +234,35 @@ def _one_warpgroup(Q, K, V, O, LSE, N, qk_scale,
     m0 = pid_m * BLOCK_M
     row0 = pid_bh * N  # the head's first row: the descriptors see all heads as one (B·H·N, D) matrix
 
-    # Register layouts of the two products' results (wgmma's accumulator layout, warps stacked along
-    # rows), and pij's layout as wgmma's left operand straight from registers.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
     qi = gl.allocate_shared_memory(dtype, [BLOCK_M, D], Q.layout)
-    kj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], K.layout)
-    vj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], V.layout)
+    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], K.layout)
+    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], V.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
 
     n_blocks = _key_blocks(m0, N, BLOCK_M, BLOCK_N, CAUSAL)
 
     mbarrier.expect(q_bar, Q.block_type.nbytes)
     tma_load(Q, [row0 + m0, 0], q_bar, qi)
-    for i in gl.static_range(STAGES):
-        _load_tile(K, k_bars, kj, i, row0 + i * BLOCK_N, i < n_blocks)
-        _load_tile(V, v_bars, vj, i, row0 + i * BLOCK_N, i < n_blocks)
+    for i in gl.static_range(STAGES):  # fill the rings; each slot is refilled as soon as it has been read
+        _load_tile(K, k_ready, k_ring, i, row0 + i * BLOCK_N, i < n_blocks)
+        _load_tile(V, v_ready, v_ring, i, row0 + i * BLOCK_N, i < n_blocks)
 
-    offs_m = m0 + gl.arange(0, BLOCK_M, layout=row_s)
-    mi = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
-    li = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
-    acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
-    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # ignored: use_acc=False
-
-    # block 0: scores and softmax, nothing to overlap with yet
     mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_bars.index(0), 0)
-    sij = warpgroup_mma(qi, kj.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
-    sij = warpgroup_mma_wait(0, deps=[sij])
-    _load_tile(K, k_bars, kj, 0, row0 + STAGES * BLOCK_N, STAGES < n_blocks)
-    pij, mi, li, alpha = _softmax(sij, mi, li, 0, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL, s_layout)
-    pij = gl.convert_layout(pij.to(dtype), p_layout)
-
-    for j in range(1, n_blocks):
-        slot = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)  # kj landed (the phase flips each lap)
-        sij = warpgroup_mma(qi, kj.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        if not OVERLAP:  # for comparison: each product waited for at once, nothing runs beside the softmax
-            sij = warpgroup_mma_wait(0, deps=[sij])
-        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-        pv = warpgroup_mma(pij, vj.index(prev), acc, is_async=True)  # the previous block's p · v
-        if not OVERLAP:
-            pv, pij = warpgroup_mma_wait(0, deps=[pv, pij])
-        sij = warpgroup_mma_wait(1, deps=[sij])  # scores done; p · v may still run
-        _load_tile(K, k_bars, kj, slot, row0 + (j + STAGES) * BLOCK_N, j + STAGES < n_blocks)
-        p_next, mi, li, alpha = _softmax(sij, mi, li, j * BLOCK_N, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL,
-                                         s_layout)
-        acc, pij = warpgroup_mma_wait(0, deps=[pv, pij])  # pij's registers stay live until p · v is done
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        _load_tile(V, v_bars, vj, prev, row0 + (j - 1 + STAGES) * BLOCK_N, j - 1 + STAGES < n_blocks)
-        pij = gl.convert_layout(p_next.to(dtype), p_layout)
-
-    last = (n_blocks - 1) % STAGES
-    mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // STAGES) & 1)
-    acc = warpgroup_mma(pij, vj.index(last), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=[acc])
+    acc, li, mi = _attend_tile(qi, (k_ring, v_ring, k_ready, v_ready), (K, V, row0), None, 0, n_blocks, m0, N,
+                               qk_scale, CAUSAL, OVERLAP)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
-        mbarrier.invalidate(k_bars.index(i))
-        mbarrier.invalidate(v_bars.index(i))
+        mbarrier.invalidate(k_ready.index(i))
+        mbarrier.invalidate(v_ready.index(i))
 
-    _store(acc, li, mi, O, LSE, row0, m0, pid_bh, offs_m, N, D, BLOCK_M, STORE_LSE, num_warps, o_layout)
-
-
-@gluon.jit
-def _store(acc, li, mi, O, LSE, row0, m0, bh, offs_m, N,
-           D: gl.constexpr, BLOCK_M: gl.constexpr, STORE_LSE: gl.constexpr, num_warps: gl.constexpr,
-           o_layout: gl.constexpr):
-    """Normalize once and store rows ``m0 ..`` (through a row-major layout: 8 contiguous values per thread)."""
-    out = (acc / gl.convert_layout(li, gl.SliceLayout(1, o_layout))[:, None]).to(O.dtype.element_ty)
-    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // D, D // 8], [num_warps, 1], [1, 0])
-    out = gl.convert_layout(out, out_layout)
-    offs_mo = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, out_layout))
-    o_ptrs = O + (row0 + offs_mo).to(gl.int64)[:, None] * D + offs_d[None, :]
-    gl.store(o_ptrs, out, mask=offs_mo[:, None] < N)
-    if STORE_LSE:  # natural log: mi and log2(li) are in base 2
-        gl.store(LSE + bh.to(gl.int64) * N + offs_m, (mi + gl.log2(li)) * 0.6931471805599453, mask=offs_m < N)
+    _store(acc, li, mi, O, LSE, row0, m0, pid_bh, N, STORE_LSE)
 
 
 @gluon.jit
@@ -189,20 +276,18 @@ def _tile(t, n_m, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _key_blocks(m0, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """How many key blocks rows ``m0 .. m0 + ROWS`` see (causal: up to the diagonal)."""
-    if CAUSAL:
-        return gl.cdiv(gl.minimum(m0 + ROWS, N), BLOCK_N)
-    else:
-        return gl.cdiv(N, BLOCK_N)
+def _producer(io, smem, bars, CAUSAL: gl.constexpr):
+    """One warp: every TMA copy. It refills a slot as soon as every consumer has released it.
 
-
-@gluon.jit
-def _producer(Q, K, V, O, LSE, qi, kj, vj, bars, N, BH, qk_scale,
-              WG: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr):
-    """One warp: every TMA copy. It refills a slot as soon as every consumer has released it."""
+    ``io``: the descriptors Q, K, V, the outputs O and LSE, N, B·H and the scale; ``smem``: the consumers'
+    Q tiles and the K/V rings; ``bars``: their ready/empty barriers (see ``attn_kernel_gluon``)."""
+    Q, K, V, O, LSE, N, BH, qk_scale = io
+    q_tiles, k_ring, v_ring = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
+    CONSUMERS: gl.constexpr = q_tiles.shape[0]
+    BLOCK_M: gl.constexpr = q_tiles.shape[1]
+    STAGES: gl.constexpr = k_ring.shape[0]
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
     n_m = gl.cdiv(N, CONSUMERS * BLOCK_M)
     it = 0  # tiles done by this program
     cnt = 0  # K/V blocks loaded by this program: the ring slot and its lap
@@ -213,37 +298,32 @@ def _producer(Q, K, V, O, LSE, qi, kj, vj, bars, N, BH, qk_scale,
         for c in gl.static_range(CONSUMERS):  # each consumer's Q tile, once it has let go of the last one
             mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)  # (a fresh barrier passes a wait on parity 1)
             mbarrier.expect(q_ready.index(c), Q.block_type.nbytes)
-            tma_load(Q, [row0 + m0 + c * BLOCK_M, 0], q_ready.index(c), qi.index(c))
+            tma_load(Q, [row0 + m0 + c * BLOCK_M, 0], q_ready.index(c), q_tiles.index(c))
         for j in range(_key_blocks(m0, N, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL)):
             slot = cnt % STAGES
             lap = (cnt // STAGES) & 1
             mbarrier.wait(k_empty.index(slot), lap ^ 1)
             mbarrier.expect(k_ready.index(slot), K.block_type.nbytes)
-            tma_load(K, [row0 + j * BLOCK_N, 0], k_ready.index(slot), kj.index(slot))
+            tma_load(K, [row0 + j * BLOCK_N, 0], k_ready.index(slot), k_ring.index(slot))
             mbarrier.wait(v_empty.index(slot), lap ^ 1)
             mbarrier.expect(v_ready.index(slot), V.block_type.nbytes)
-            tma_load(V, [row0 + j * BLOCK_N, 0], v_ready.index(slot), vj.index(slot))
+            tma_load(V, [row0 + j * BLOCK_N, 0], v_ready.index(slot), v_ring.index(slot))
             cnt += 1
         it += 1
 
 
 @gluon.jit
-def _consumer(Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
-              WG: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr):
-    """Warpgroup ``WG``: rows ``WG·BLOCK_M ..`` of each tile, the same loop as ``_one_warpgroup``, with the
-    slots' ready/empty barriers instead of issuing loads."""
+def _consumer(io, smem, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+              OVERLAP: gl.constexpr):
+    """Warpgroup ``WG``: rows ``WG·BLOCK_M ..`` of each tile, the loop of ``_attend_tile`` on the producer's
+    rings (``io``, ``smem``, ``bars`` as for ``_producer``)."""
+    Q, K, V, O, LSE, N, BH, qk_scale = io
+    q_tiles, k_ring, v_ring = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
-    dtype: gl.constexpr = kj.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    CONSUMERS: gl.constexpr = q_tiles.shape[0]
+    BLOCK_M: gl.constexpr = q_tiles.shape[1]
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
     qi = q_tiles.index(WG)
-    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # ignored: use_acc=False
     n_m = gl.cdiv(N, CONSUMERS * BLOCK_M)
     it = 0
     cnt = 0
@@ -252,47 +332,11 @@ def _consumer(Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
         row0 = bh * N
         m0 = (tm * CONSUMERS + WG) * BLOCK_M
         n_blocks = _key_blocks(tm * CONSUMERS * BLOCK_M, N, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL)  # the producer's count
-        offs_m = m0 + gl.arange(0, BLOCK_M, layout=row_s)
-        mi = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
-        li = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
-        acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
-
         mbarrier.wait(q_ready.index(WG), it & 1)
-        slot = cnt % STAGES
-        mbarrier.wait(k_ready.index(slot), (cnt // STAGES) & 1)
-        sij = warpgroup_mma(qi, kj.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        sij = warpgroup_mma_wait(0, deps=[sij])
-        mbarrier.arrive(k_empty.index(slot), count=1)
-        mbarrier.arrive(q_empty.index(WG), count=1, pred=n_blocks == 1)  # qi done: the next tile's may load
-        pij, mi, li, alpha = _softmax(sij, mi, li, 0, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL, s_layout)
-        pij = gl.convert_layout(pij.to(dtype), p_layout)
-        for j in range(1, n_blocks):
-            c = cnt + j
-            slot = c % STAGES
-            prev = (c - 1) % STAGES
-            mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
-            sij = warpgroup_mma(qi, kj.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
-            if not OVERLAP:
-                sij = warpgroup_mma_wait(0, deps=[sij])
-            mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
-            pv = warpgroup_mma(pij, vj.index(prev), acc, is_async=True)
-            if not OVERLAP:
-                pv, pij = warpgroup_mma_wait(0, deps=[pv, pij])
-            sij = warpgroup_mma_wait(1, deps=[sij])
-            mbarrier.arrive(k_empty.index(slot), count=1)
-            mbarrier.arrive(q_empty.index(WG), count=1, pred=j == n_blocks - 1)
-            p_next, mi, li, alpha = _softmax(sij, mi, li, j * BLOCK_N, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL,
-                                             s_layout)
-            acc, pij = warpgroup_mma_wait(0, deps=[pv, pij])
-            mbarrier.arrive(v_empty.index(prev), count=1)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            pij = gl.convert_layout(p_next.to(dtype), p_layout)
-        c = cnt + n_blocks - 1
-        mbarrier.wait(v_ready.index(c % STAGES), (c // STAGES) & 1)
-        acc = warpgroup_mma(pij, vj.index(c % STAGES), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        mbarrier.arrive(v_empty.index(c % STAGES), count=1)
-        _store(acc, li, mi, O, LSE, row0, m0, bh, offs_m, N, D, BLOCK_M, STORE_LSE, 4, o_layout)
+        acc, li, mi = _attend_tile(qi, (k_ring, v_ring, k_ready, v_ready), None,
+                                   (k_empty, v_empty, q_empty.index(WG)), cnt, n_blocks, m0, N, qk_scale,
+                                   CAUSAL, OVERLAP)
+        _store(acc, li, mi, O, LSE, row0, m0, bh, N, STORE_LSE)
         cnt += n_blocks
         it += 1
 
@@ -301,20 +345,18 @@ def _consumer(Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
 def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, qk_scale,
                       D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
-                      WARP_SPECIALIZE: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      WARP_SPECIALIZE: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr):
     """Without WARP_SPECIALIZE: a (Q block, batch·head) grid, one warpgroup per program (``_one_warpgroup``).
     With it: a producer warp and CONSUMERS (2 or 3) consumer warpgroups per program, over a 1-D grid of tiles
     of CONSUMERS·BLOCK_M rows; PERSISTENT only changes that grid (one program per SM instead of one per tile:
-    see ``fast.py``)."""
+    see ``fast_launch.py``)."""
     if not WARP_SPECIALIZE:
-        _one_warpgroup(Q, K, V, O, LSE, N, qk_scale, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP,
-                       num_warps)
+        _one_warpgroup(Q, K, V, O, LSE, N, qk_scale, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP)
     else:
         dtype: gl.constexpr = Q.dtype
         q_tiles = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, D], Q.layout)
-        kj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], K.layout)
-        vj = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], V.layout)
+        k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], K.layout)
+        v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], V.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -329,33 +371,22 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, qk_scale,
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases a slot
             mbarrier.init(v_empty.index(i), count=CONSUMERS)
+        # The partitions' arguments, grouped (runtime values only: a tuple assigned to a name would turn
+        # constexprs into tensors, so those are passed one by one below).
+        io = (Q, K, V, O, LSE, N, BH, qk_scale)
+        smem = (q_tiles, k_ring, v_ring)
         bars = (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
-        # Partitions: consumer 0 (the default one, this program's 4 warps), the other consumers (4 warps each)
-        # and the producer (1 warp). The registers of a thread, within the launch's cap (fast.py: WS_MAXNREG),
-        # go to the consumers: 240 each for two (3 warpgroups x 128 threads x 168 = the SM's 65536 at launch),
-        # 160 each for three (4 warpgroups x 128 x 128); the producer keeps 24 (the minimum).
-        # The partitions take one argument list (each uses what it needs; WG says which consumer). The tuples
-        # are written inline: a tuple assigned to a name would turn its constexprs into tensors.
-        if CONSUMERS == 2:
-            gl.warp_specialize([
-                (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
-                             0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
-                (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
-                             1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
-                (_producer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
-                             0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
-            ], [4, 1], [240, 24])
-        else:
-            gl.warp_specialize([
-                (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
-                             0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
-                (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
-                             1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
-                (_consumer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
-                             2, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
-                (_producer, (Q, K, V, O, LSE, q_tiles, kj, vj, bars, N, BH, qk_scale,
-                             0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP, CONSUMERS)),
-            ], [4, 4, 1], [160, 160, 24])
+        # The partitions: consumer 0 (the default partition: this program's own 4 warps), the other consumers
+        # (4 warps each) and the producer (1 warp). The registers of a thread, within the launch's cap
+        # (fast_options.WS_MAXNREG), go to the consumers: 240 each for two (3 warpgroups x 128 threads x 168 =
+        # the SM's 65536 at launch), 160 each for three (4 warpgroups x 128 x 128); the producer keeps 24.
+        CONSUMER_REGS: gl.constexpr = 240 if CONSUMERS == 2 else 160
+        gl.warp_specialize(
+            [(_consumer, (io, smem, bars, role, CAUSAL, STORE_LSE, OVERLAP)) if role < CONSUMERS
+             else (_producer, (io, smem, bars, CAUSAL))
+             for role in (0, 1, 2, 3)[:CONSUMERS + 1]],  # roles 0 .. CONSUMERS - 1 consume, the last produces
+            [4] * (CONSUMERS - 1) + [1],  # warps of each partition after the default one
+            [CONSUMER_REGS] * (CONSUMERS - 1) + [24])
 
 
 @functools.lru_cache(maxsize=64)

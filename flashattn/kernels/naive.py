@@ -1,4 +1,4 @@
-"""Naive attention in Triton: three kernels, with S and P written to HBM in between.
+"""Naive attention in Triton (taught in notebook 02): three kernels, with S and P written to HBM in between.
 
     S = scale · Q·Kᵀ          scores_kernel    writes S  (B·H·N² float32 values)
     P = softmax(S, rows)      softmax_kernel   reads S three times, writes P (B·H·N² values)

@@ -1,4 +1,4 @@
-"""FlashAttention v1 loop order: outer loop over K/V blocks, inner loop over Q blocks.
+"""FlashAttention v1 loop order (taught in notebook 04): outer loop over K/V blocks, inner loop over Q blocks.
 
 One program per (batch, head). For every K/V block j, every Q block i re-reads its partial output
 O_i and its running max m_i and sum l_i from HBM, updates them, and writes them back: HBM is used

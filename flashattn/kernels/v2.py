@@ -1,4 +1,4 @@
-"""FlashAttention v2: the loops inverted, the running state kept in registers.
+"""FlashAttention v2 (taught in notebook 05, its K layouts in 06): the loops inverted, the state in registers.
 
 One program per (Q block, batch·head). It loads its Q block once, then walks over all K/V blocks
 keeping ``acc`` (the unnormalized output), ``mi`` (running max) and ``li`` (running sum) in
@@ -23,6 +23,8 @@ import triton.language as tl
 from flashattn import runtime
 from flashattn.validate import check_kernel_inputs, resolve_options
 
+from .constants import LN_2
+
 
 @triton.jit
 def attn_kernel_v2(
@@ -39,6 +41,8 @@ def attn_kernel_v2(
     K_TRANSPOSED: tl.constexpr,  # load K as (D_PAD, BLOCK_N) tiles instead of (BLOCK_N, D_PAD)
     DEFERRED_NORM: tl.constexpr, # divide by li once at the end (True) or at every step (v1 style)
     USE_EXP2: tl.constexpr,      # exp2 with log2(e) folded into the scale
+    LSE=None,                    # (B·H·N,) float32: each row's log-sum-exp, stored when STORE_LSE
+    STORE_LSE: tl.constexpr = False,  # for the backward pass (notebook 12), which recomputes P from it
 ):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     off_b, off_h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
@@ -99,6 +103,9 @@ def attn_kernel_v2(
 
     if DEFERRED_NORM:
         acc = acc / li[:, None]
+    if STORE_LSE:  # log-sum-exp of the scaled scores in natural log: mi + log(li), mi in base 2 with exp2
+        lse = (mi + tl.log2(li)) * LN_2 if USE_EXP2 else mi + tl.log(li)
+        tl.store(LSE + pid_bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
     o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=(offs_m[:, None] < N) & d_ok[None, :])
 
@@ -133,29 +140,34 @@ def padded_default_options(dtype: torch.dtype, D: int, mode: str | None = None) 
     return opts
 
 
-def _launch(q, k_tiles, k_strides, v, *, causal, scale, D, d_pad, k_transposed, opts):
+def _launch(q, k_tiles, k_strides, v, *, causal, scale, D, d_pad, k_transposed, opts, return_lse=False):
     B, H, N, _ = q.shape
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device) if return_lse else None
     grid = (triton.cdiv(N, opts["block_m"]), B * H)
     attn_kernel_v2[grid](
         q, k_tiles, v, o, *q.stride(), *k_strides, *v.stride(), *o.stride(), H, N, scale,
         D=D, D_PAD=d_pad, BLOCK_M=opts["block_m"], BLOCK_N=opts["block_n"], CAUSAL=causal,
         PRECISION=opts["input_precision"], K_TRANSPOSED=k_transposed,
-        DEFERRED_NORM=opts["deferred_norm"], USE_EXP2=opts["use_exp2"],
+        DEFERRED_NORM=opts["deferred_norm"], USE_EXP2=opts["use_exp2"], LSE=lse, STORE_LSE=return_lse,
         num_warps=opts["num_warps"], num_stages=opts["num_stages"],
     )
-    return o
+    return (o, lse) if return_lse else o
 
 
-def attention_v2(q, k, v, *, causal=False, scale=None, **options):
+def attention_v2(q, k, v, *, causal=False, scale=None, return_lse=False, **options):
     """FlashAttention v2; K read row-major, ``tl.trans`` in the kernel.
 
-    Extra options: ``deferred_norm`` (default True) and ``use_exp2`` (default False).
+    Extra options: ``deferred_norm`` (default True) and ``use_exp2`` (default False). ``return_lse=True``
+    also returns the (B, H, N) float32 log-sum-exp of the scaled scores (natural log), which the backward
+    pass (``flashattn.kernels.backward``) recomputes P from.
     """
     B, H, N, D, scale = check_kernel_inputs(q, k, v, variant="v2", causal=causal, scale=scale)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"v2: return_lse must be True or False, got {return_lse!r}")
     opts = resolve_options("v2", options, default_options(q.dtype, D), q.dtype)
     return _launch(q, k, k.stride(), v, causal=causal, scale=scale, D=D, d_pad=D,
-                   k_transposed=False, opts=opts)
+                   k_transposed=False, opts=opts, return_lse=return_lse)
 
 
 def _k_logical_strides(kt: torch.Tensor) -> tuple[int, int, int, int]:

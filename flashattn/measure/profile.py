@@ -1,9 +1,9 @@
-"""Compiled-kernel facts and Nsight Compute runs, from Python.
+"""The profilers, from Python: Nsight Compute, Nsight Systems and torch.profiler.
 
-* ``compiled_kernels(jit_fn)``: the kernels Triton compiled for a ``@triton.jit`` function, with
-  registers, spills, shared memory, TTGIR and SASS.
 * ``ncu_profile(configs, metrics)``: run Nsight Compute on a small target (this module, run as
-  ``python -m flashattn.measure.profile TARGET_JSON``) and parse its CSV into numbers.
+  ``python -m flashattn.measure.profile TARGET_JSON``) and parse its CSV into numbers;
+* ``ncu_shell_command(...)`` / ``nsys_command(...)``: the commands a learner pastes into a shell;
+* ``torch_profile(calls)``: a quick ``torch.profiler`` table of labelled calls.
 
 Nsight Compute needs a GPU and permission to read the counters; where ``ncu`` is missing or refused,
 ``NcuUnavailable`` says why, and the notebooks use the recorded results instead.
@@ -16,73 +16,16 @@ import glob
 import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-from collections import Counter
 
-BANK_METRICS = [
-    "smsp__inst_executed_op_shared_ld.sum",
-    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
-    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
-    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
-    "gpu__time_duration.sum",
-]
+from flashattn.kernels import registry
+from flashattn.measure import recorded
 
 
 class NcuUnavailable(RuntimeError):
     """Nsight Compute is not installed, or may not read the GPU's counters here."""
-
-
-# ---------------------------------------------------------------- compiled kernels
-
-def compiled_kernels(jit_fn) -> list:
-    """Every kernel Triton has compiled for ``jit_fn`` in this process (GPU mode only)."""
-    caches = getattr(jit_fn, "device_caches", {})
-    return [kernel for cache in caches.values() for kernel in cache[0].values()]
-
-
-_SASS_LINE = re.compile(
-    r"^\s*(?:/\*[0-9a-f]{4,}\*/|[A-Z0-9-]+:[^\t]*\t)\s*(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)"
-)
-
-
-def sass_opcode_counts(sass: str) -> dict[str, int]:
-    """Count SASS instructions by opcode (with its modifiers, e.g. ``LDS.128``, ``HGMMA.64x64x16.F32``).
-
-    Reads both ``cuobjdump -sass`` lines (``/*0040*/  LDS.128 R4, [R2] ;``) and the
-    ``control<TAB>instruction`` lines of ``triton.tools.disasm.get_sass``.
-    """
-    counts: Counter = Counter()
-    for line in sass.splitlines():
-        m = _SASS_LINE.match(line)
-        if m:
-            counts[m.group(1)] += 1
-    return dict(sorted(counts.items()))
-
-
-def shared_layouts(ttgir: str) -> list[str]:
-    """The TTGIR lines that define shared-memory encodings (swizzled_shared, nvmma_shared, ...)."""
-    return [line.strip() for line in ttgir.splitlines() if line.startswith("#") and "shared" in line]
-
-
-def kernel_resources(kernel) -> dict:
-    """Registers, spills, shared memory, warps and stages of one compiled kernel (no SASS: quick)."""
-    return {"registers_per_thread": kernel.n_regs, "spills": kernel.n_spills, "shared_bytes": kernel.metadata.shared,
-            "num_warps": kernel.metadata.num_warps, "num_stages": getattr(kernel.metadata, "num_stages", None)}
-
-
-def kernel_facts(kernel) -> dict:
-    """Registers, spills, shared memory, warps, shared layouts and SASS opcode counts of one kernel."""
-    facts = {**kernel_resources(kernel), "shared_layouts": shared_layouts(kernel.asm.get("ttgir", ""))}
-    try:
-        from triton.tools.disasm import get_sass
-
-        facts["sass_counts"] = sass_opcode_counts(get_sass(kernel.asm["cubin"]))
-    except Exception as err:  # noqa: BLE001 - cuobjdump may be missing; say so in the data
-        facts["sass_error"] = f"{type(err).__name__}: {err}"
-    return facts
 
 
 # ---------------------------------------------------------------- Nsight Compute
@@ -107,12 +50,10 @@ def ncu_command(ncu: str, target: list[dict], metrics: list[str], kernel_regex: 
     ]
 
 
-def _number(text: str):
-    text = text.strip().replace(",", "")
-    try:
-        return float(text)
-    except ValueError:
-        return text or None
+def _cell(text: str):
+    """A CSV cell: its number, else its text (None when empty)."""
+    value = recorded.number(text)
+    return value if value is not None else (text.strip() or None)
 
 
 def parse_ncu_csv(text: str) -> list[dict]:
@@ -130,7 +71,7 @@ def parse_ncu_csv(text: str) -> list[dict]:
         if len(row) != len(header):
             continue
         record = dict(zip(header, row, strict=True))
-        metrics = {name: _number(record[name]) for name in header if name not in fixed}
+        metrics = {name: _cell(record[name]) for name in header if name not in fixed}
         out.append({
             "kernel": record.get("Kernel Name"), "grid": record.get("Grid Size"),
             "block": record.get("Block Size"), "metrics": metrics,
@@ -149,7 +90,7 @@ def keep_metrics(metrics: dict, wanted: list[str]) -> dict:
     return {name: value for name, value in metrics.items() if name in wanted or name in LAUNCH_FACTS}
 
 
-def ncu_profile(target: list[dict], metrics: list[str] = BANK_METRICS, kernel_regex: str = "attn_kernel",
+def ncu_profile(target: list[dict], metrics: list[str], kernel_regex: str = "attn_kernel",
                 timeout: int = 600) -> list[dict]:
     """Profile each configuration in ``target`` (run twice: warm-up, then profiled) with ncu.
 
@@ -180,7 +121,8 @@ def _run_target(target: list[dict]) -> None:
     """Body of ``python -m flashattn.measure.profile TARGET_JSON``: run each configuration twice."""
     import torch
 
-    from flashattn import VARIANTS, runtime
+    from flashattn import runtime
+    from flashattn.kernels import VARIANTS
 
     for cfg in target:
         dtype = getattr(torch, cfg["dtype"])
@@ -190,12 +132,9 @@ def _run_target(target: list[dict]) -> None:
             fn(q, k, v, causal=cfg.get("causal", False), **cfg.get("options", {}))
         torch.cuda.synchronize()
 
-
-
-# ---------------------------------------------------------------- memory traffic and the learner's commands
+# ---------------------------------------------------------------- the metrics and the learner's commands
 #
-# Appended for notebook 09 (profiling workflow) and the 'traffic_measured' measurement. Metric names
-# are those that worked with Nsight Compute 2025.3 on an H200 (see the course's source notes).
+# Metric names are those that worked with Nsight Compute 2025.3 on an H200 (see the course's source notes).
 
 SECTOR_BYTES = 32  # the L2 works in 32-byte sectors
 
@@ -206,11 +145,6 @@ TRAFFIC_METRICS = [
     "lts__t_sectors_srcunit_tex_op_write.sum",  # ... for stores
     "lts__t_bytes.sum",  # every L2 lookup, from any unit and any operation
     "gpu__time_duration.sum",
-]
-
-SHARED_METRICS = [
-    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
-    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
 ]
 
 STALL_REASONS = ("mio_throttle", "short_scoreboard", "long_scoreboard", "barrier", "math_pipe_throttle",
@@ -241,32 +175,18 @@ METRIC_MEANINGS = {
        f"of those cycles, stalled on '{reason.replace('_', ' ')}'" for reason in STALL_REASONS},
 }
 
-NAIVE_KERNELS = ("scores_kernel", "softmax_kernel", "pv_kernel")
-
-
-def kernel_names(variant: str) -> tuple[str, ...]:
-    """The Triton kernels one call of ``variant`` launches (naive: three; the others: one)."""
-    if variant == "naive":
-        return NAIVE_KERNELS
-    if variant == "v1":
-        return ("attn_kernel_v1",)
-    if variant.startswith("v2"):
-        return ("attn_kernel_v2",)
-    raise ValueError(f"unknown variant {variant!r}; accepted: naive, v1, v2, v2_kt, v2_kt_view, v2_padded")
-
-
 def kernel_regex(variants) -> str:
     """An ncu ``--kernel-name regex:`` that matches the kernels of every variant in ``variants``."""
     if isinstance(variants, str):
         variants = (variants,)
-    names = sorted({name for v in variants for name in kernel_names(v)})
+    names = sorted({name for v in variants for name in registry.kernel_names(v)})
     return "|".join(names)
 
 
 def target_config(variant: str, *, B: int, H: int, N: int, D: int, dtype: str = "float16", causal: bool = False,
                   options: dict | None = None) -> dict:
     """One configuration for ``python -m flashattn.measure.profile TARGET_JSON`` (a JSON-able dict)."""
-    kernel_names(variant)  # validates the name
+    registry.get(variant)  # validates the name
     if dtype not in ("float16", "bfloat16", "float32"):
         raise ValueError(f"dtype must be 'float16', 'bfloat16' or 'float32', got {dtype!r}")
     return {"variant": variant, "dtype": dtype, "B": int(B), "H": int(H), "N": int(N), "D": int(D),
@@ -277,9 +197,10 @@ def _target_and_regex(target) -> tuple[list[dict], str, int]:
     target = [target] if isinstance(target, dict) else list(target)
     if not target:
         raise ValueError("target is empty: give at least one configuration (see target_config)")
-    counts = {len(kernel_names(cfg["variant"])) for cfg in target}
+    counts = {registry.get(cfg["variant"]).launches for cfg in target}
     if len(counts) != 1:
-        raise ValueError("mix naive (three kernels per call) and the other variants in separate commands")
+        raise ValueError("give variants that launch different numbers of kernels per call (naive: three) "
+                         "in separate commands")
     return target, kernel_regex([cfg["variant"] for cfg in target]), counts.pop()
 
 
@@ -355,8 +276,9 @@ def sum_launches(launches: list[dict]) -> dict[str, float]:
     total: dict[str, float] = {}
     for launch in launches:
         for name, value in launch["metrics"].items():
-            if is_additive(name) and isinstance(value, (int, float)):
-                total[name] = total.get(name, 0.0) + float(value)
+            value = recorded.number(value)
+            if is_additive(name) and value is not None:
+                total[name] = total.get(name, 0.0) + value
     return total
 
 
@@ -372,7 +294,6 @@ def torch_profile(calls: dict, *, repeat: int = 3, warmup: int = 1) -> list[dict
     self CPU time. Works on the CPU (no kernels appear there: the interpreter runs them as Python).
     """
     import torch
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
     if not calls:
@@ -393,22 +314,46 @@ def torch_profile(calls: dict, *, repeat: int = 3, warmup: int = 1) -> list[dict
                     fn()
                 if gpu:
                     torch.cuda.synchronize()
-    rows = []
-    for event in prof.key_averages():
-        if event.key in calls:
-            kind = "label"
-        elif event.device_type == DeviceType.CUDA:
-            kind = "kernel"
-        else:
-            kind = "op"
-        rows.append({
-            "name": event.key, "kind": kind, "calls": int(event.count),
-            "cpu_ms": event.cpu_time_total / 1e3, "self_cpu_ms": event.self_cpu_time_total / 1e3,
-            "device_ms": event.device_time_total / 1e3, "self_device_ms": event.self_device_time_total / 1e3,
-        })
+    return profile_rows(prof.key_averages(), calls)
+
+
+def profile_rows(events, labels) -> list[dict]:
+    """Rows of :func:`torch_profile` from ``torch.profiler``'s ``key_averages()``.
+
+    A ``record_function(label)`` range appears twice where GPU work ran inside it: the CPU range, and
+    its GPU-side annotation of the same name (the profiler keeps the events of each device apart). They
+    make one "label" row: calls and CPU times of the CPU range, device time of the GPU annotation.
+    Events that are not user annotations keep their kind, even one named like a label (a kernel
+    ``attn_kernel_v2`` profiled under the label ``"attn_kernel_v2"``).
+    """
+    from torch.autograd import DeviceType
+
+    rows, label_rows = [], {}
+    for event in events:
+        on_device = event.device_type != DeviceType.CPU
+        if event.key in labels and getattr(event, "is_user_annotation", True):
+            row = label_rows.get(event.key)
+            if row is None:
+                row = label_rows[event.key] = _row(event.key, "label")
+                rows.append(row)
+            if on_device:  # the GPU-side annotation: how long the device was busy inside the range
+                row["device_ms"] = max(row["device_ms"], event.device_time_total / 1e3)
+            else:
+                row.update(calls=int(event.count), cpu_ms=event.cpu_time_total / 1e3,
+                           self_cpu_ms=event.self_cpu_time_total / 1e3,
+                           device_ms=max(row["device_ms"], event.device_time_total / 1e3))
+            continue
+        rows.append(_row(event.key, "kernel" if on_device else "op", calls=int(event.count),
+                         cpu_ms=event.cpu_time_total / 1e3, self_cpu_ms=event.self_cpu_time_total / 1e3,
+                         device_ms=event.device_time_total / 1e3, self_device_ms=event.self_device_time_total / 1e3))
     key = "self_device_ms" if any(r["self_device_ms"] > 0 for r in rows) else "self_cpu_ms"
     rows.sort(key=lambda r: (r["kind"] != "label", -r[key]))
     return rows
+
+
+def _row(name: str, kind: str, **times) -> dict:
+    return {"name": name, "kind": kind, "calls": 0, "cpu_ms": 0.0, "self_cpu_ms": 0.0, "device_ms": 0.0,
+            "self_device_ms": 0.0, **times}
 
 
 def format_profile_table(rows: list[dict], limit: int = 12) -> str:

@@ -46,6 +46,32 @@ def get(name: str, gpu: str | None = None, data_dir: Path | None = None) -> dict
     return {**doc["measurements"][name], "provenance": doc["provenance"]}
 
 
+def find(name: str, gpu: str | None = None, data_dir: Path | None = None) -> dict | None:
+    """:func:`get`, or None when nothing is recorded under ``name`` (or no file is there at all)."""
+    try:
+        return get(name, gpu=gpu, data_dir=data_dir)
+    except (KeyError, FileNotFoundError):
+        return None
+
+
+def number(value) -> float | None:
+    """A recorded or parsed value as a float: ints, floats, numeric strings ("1980", "1,234,567") and
+    ``{"value": ..., "unit": ...}`` pairs are numbers; None, booleans, "[N/A]" and anything else are None
+    (a metric that was not collected, a clock nvidia-smi could not read)."""
+    if isinstance(value, dict):
+        value = value.get("value")
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip().replace(",", ""))
+        except ValueError:
+            return None
+    return None
+
+
 def label(entry: dict) -> str:
     """A one-line caption: where and when a recorded result was measured."""
     p = entry["provenance"]

@@ -72,3 +72,14 @@ def occupancy(*, registers_per_thread: int, shared_bytes: int, num_warps: int,
         "occupancy": blocks * num_warps / limits.max_warps,
         "limited_by": [name for name, n in per_resource.items() if n == blocks],
     }
+
+
+def kernel_occupancy(resources: dict, limits: SMLimits = SMLimits()) -> dict:
+    """:func:`occupancy` of a compiled kernel from its resources (``registers_per_thread``, ``shared_bytes``,
+    ``num_warps``, as ``flashattn.measure.compiled.kernel_resources`` gives them); ``{"error": ...}`` when
+    the kernel could not run on an SM with ``limits``."""
+    try:
+        return occupancy(registers_per_thread=resources["registers_per_thread"],
+                         shared_bytes=resources["shared_bytes"], num_warps=resources["num_warps"], limits=limits)
+    except ValueError as err:
+        return {"error": str(err)}

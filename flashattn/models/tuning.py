@@ -1,23 +1,20 @@
-"""Block sizes, warps and stages: sweep spaces, a shared-memory estimate, the FA1 rule of thumb, autotuning.
-
-Pure helpers (tested on the CPU) and the GPU pieces the measurements of notebooks 07 and 08 use:
+"""Block sizes, warps and stages on paper: sweep spaces, a shared-memory estimate, pruning, the FA1 rule.
 
 * ``sweep_configs(space)``: every combination of ``block_m``, ``block_n``, ``num_warps``, ``num_stages``;
-* ``estimate_shared_bytes(...)``: the shared memory a v2 program needs (Q once, K and V per stage);
+* ``estimate_shared_bytes(...)``: the shared memory a v2 program needs (Q once, K and V per stage), and
+  ``prune_autotune_space(...)``: what an autotuner need not try;
 * ``fa1_block_sizes(sram_bytes, D, elem_bytes)``: the FlashAttention-1 paper's rule, Bc = ⌈M / 4d⌉,
   Br = min(Bc, d), and the power-of-two tiles Triton can use;
-* ``heatmap_table(rows)`` / ``plot_sweep_heatmap(...)``: a sweep as a TFLOP/s grid, failures marked;
-* ``autotuned_v2(configs)`` / ``run_autotuned_v2(...)``: ``triton.autotune`` over ``attn_kernel_v2``,
-  launched with v2's argument convention;
-* ``instruction_summary(sass_counts)``: exponentials, reciprocals, matrix and FMA instructions of a kernel.
+* ``heatmap_table(rows)``: a sweep's rows as a TFLOP/s grid, failures marked.
+
+Running the sweep and ``triton.autotune`` on a GPU is ``flashattn.measure.autotune``'s job; drawing the
+grid is ``flashattn.plots.plot_sweep_heatmap``'s.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-
-import torch
 
 from flashattn.validate import TILE_KEYS
 
@@ -68,9 +65,10 @@ def estimate_shared_bytes(*, block_m: int, block_n: int, d_pad: int, elem_bytes:
     return (stages * 2 * block_n + block_m) * d_pad * elem_bytes
 
 
-def fits_shared(cfg: dict, *, d_pad: int, elem_bytes: int, shared_limit: int) -> bool:
-    return estimate_shared_bytes(block_m=cfg["block_m"], block_n=cfg["block_n"], d_pad=d_pad,
-                                 elem_bytes=elem_bytes, num_stages=cfg["num_stages"]) <= shared_limit
+def config_dict(config) -> dict:
+    """A ``triton.Config`` as the course's option dict."""
+    return {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"],
+            "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
 def prune_configs(configs: list, *, d_pad: int, elem_bytes: int, shared_limit: int) -> list:
@@ -178,157 +176,3 @@ def heatmap_table(rows: list[dict], value: str = "tflops") -> dict:
             values[i][j] = r.get(value)
     return {"row_labels": [f"{m}×{n}" for m, n in tiles], "col_labels": [f"{w}w/{s}s" for w, s in launch],
             "values": values, "status": status, "tiles": tiles, "launch": launch}
-
-
-def plot_sweep_heatmap(ax, rows: list[dict], title: str, value: str = "tflops", fmt: str = "{:.0f}"):
-    """Draw ``heatmap_table(rows)`` on ``ax``; failed cells are grey, 'smem' = out of shared memory."""
-    import matplotlib.colors as mcolors
-    import numpy as np
-
-    table = heatmap_table(rows, value)
-    data = np.array([[np.nan if v is None else v for v in line] for line in table["values"]], dtype=float)
-    cmap = mcolors.LinearSegmentedColormap.from_list("tflops", ["#f7fbff", "#6baed6", "#08306b"]).with_extremes(
-        bad="#d9d9d9")
-    finite = data[np.isfinite(data)]
-    vmax = float(finite.max()) if finite.size else 1.0
-    image = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=0, vmax=vmax, aspect="auto")
-    best = best_row(rows)
-    for i, line in enumerate(table["status"]):
-        for j, st in enumerate(line):
-            if st == "ok" and np.isfinite(data[i, j]):
-                dark = data[i, j] > 0.6 * vmax
-                is_best = best is not None and (best["block_m"], best["block_n"]) == table["tiles"][i] and \
-                    (best["num_warps"], best["num_stages"]) == table["launch"][j]
-                ax.text(j, i, fmt.format(data[i, j]) + ("★" if is_best else ""), ha="center", va="center",
-                        fontsize=7, color="white" if dark else "black", fontweight="bold" if is_best else None)
-            elif st:
-                ax.text(j, i, "smem" if st == "smem" else "×", ha="center", va="center", fontsize=7, color="#b2182b")
-    ax.set_xticks(range(len(table["col_labels"])), table["col_labels"], rotation=60, fontsize=7)
-    ax.set_yticks(range(len(table["row_labels"])), table["row_labels"], fontsize=8)
-    ax.set_xlabel("warps / pipeline stages")
-    ax.set_ylabel("BLOCK_M × BLOCK_N")
-    ax.set_title(title, fontsize=9)
-    ax.grid(False)
-    return image
-
-
-# --- compiled kernels --------------------------------------------------------------------------
-
-def instruction_summary(sass_counts: dict[str, int]) -> dict[str, int]:
-    """Static counts of the instructions notebook 07 talks about, summed over their modifiers.
-
-    ``exp2`` = MUFU.EX2 (every exponential: ``tl.exp`` becomes a multiply by log2 e, then EX2),
-    ``rcp`` = MUFU.RCP (a division is a reciprocal and multiplies, plus a slow-path check),
-    ``mma`` = HMMA/HGMMA (tensor cores), ``ffma`` = FFMA (CUDA-core fused multiply-add), ``fmul``.
-    """
-    def total(*prefixes):
-        return sum(n for op, n in sass_counts.items() if op.split(".")[0] in prefixes)
-
-    return {"exp2": sum(n for op, n in sass_counts.items() if op.startswith("MUFU.EX2")),
-            "rcp": sum(n for op, n in sass_counts.items() if op.startswith("MUFU.RCP")),
-            "mufu": total("MUFU"), "mma": total("HMMA", "HGMMA"), "ffma": total("FFMA"),
-            "fmul": total("FMUL"), "shared_loads": total("LDS", "LDSM"), "total": sum(sass_counts.values())}
-
-
-def unwrap_jit(kernel):
-    """The ``JITFunction`` under ``triton.autotune`` / ``triton.heuristics`` wrappers."""
-    from triton.runtime.jit import JITFunction
-
-    seen = 0
-    while not isinstance(kernel, JITFunction) and hasattr(kernel, "fn") and seen < 5:
-        kernel, seen = kernel.fn, seen + 1
-    return kernel
-
-
-def kernel_name(jit_fn) -> str:
-    fn = getattr(jit_fn, "fn", None)
-    return getattr(fn, "__name__", None) or getattr(jit_fn, "__name__", "?")
-
-
-# --- triton.autotune over attn_kernel_v2 -------------------------------------------------------
-
-def triton_configs(space_or_list) -> list:
-    """``triton.Config`` objects for a space dict or a list of config dicts."""
-    import triton
-
-    cfgs = sweep_configs(space_or_list) if isinstance(space_or_list, dict) else list(space_or_list)
-    return [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"]}, num_warps=c["num_warps"],
-                          num_stages=c["num_stages"]) for c in cfgs]
-
-
-def config_dict(config) -> dict:
-    """A ``triton.Config`` as the course's option dict."""
-    return {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"],
-            "num_warps": config.num_warps, "num_stages": config.num_stages}
-
-
-def _shared_limit() -> int:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    return 232448  # interpreter: no limit matters; an H100/H200's
-
-
-def _early_prune(configs, named_args, **kwargs):
-    d_pad = kwargs.get("D_PAD", named_args.get("D_PAD"))
-    elem_bytes = named_args["Q"].element_size()
-    return prune_configs(configs, d_pad=d_pad, elem_bytes=elem_bytes, shared_limit=_shared_limit())
-
-
-def autotuned_v2(configs: list, *, bench_warmup: int = 5, bench_rep: int = 20):
-    """``triton.autotune`` applied to ``attn_kernel_v2``: it times every configuration (pruned by the
-    shared-memory estimate) the first time it meets a new (N, D, dtype, causal, precision) and keeps the
-    fastest. ``configs``: a list of ``triton.Config`` (see ``triton_configs``)."""
-    import triton
-
-    from flashattn.kernels.v2 import attn_kernel_v2
-
-    def bench(kernel_call, quantiles):
-        return triton.testing.do_bench(kernel_call, warmup=bench_warmup, rep=bench_rep, quantiles=quantiles)
-
-    key = ["N", "D", "CAUSAL", "PRECISION"]
-    prune = {"early_config_prune": _early_prune}
-    try:
-        return triton.autotune(configs, key=key, prune_configs_by=prune, do_bench=bench)(attn_kernel_v2)
-    except TypeError:  # an older Triton without do_bench=
-        return triton.autotune(configs, key=key, prune_configs_by=prune, warmup=bench_warmup,
-                               rep=bench_rep)(attn_kernel_v2)
-
-
-def run_autotuned_v2(tuned, q, k, v, *, causal=False, scale=None, input_precision="ieee",
-                     deferred_norm=True, use_exp2=False):
-    """Launch an ``autotuned_v2`` kernel the way ``attention_v2`` launches ``attn_kernel_v2``; the block
-    sizes, warps and stages come from the tuner (``tuned.best_config`` after the call)."""
-    import triton
-
-    from flashattn.validate import check_kernel_inputs
-
-    B, H, N, D, scale = check_kernel_inputs(q, k, v, variant="v2", causal=causal, scale=scale)
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-
-    def grid(meta):
-        return (triton.cdiv(N, meta["BLOCK_M"]), B * H)
-
-    tuned[grid](
-        q, k, v, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(), H, N, scale,
-        D=D, D_PAD=D, CAUSAL=causal, PRECISION=input_precision, K_TRANSPOSED=False,
-        DEFERRED_NORM=deferred_norm, USE_EXP2=use_exp2,
-    )
-    return o
-
-
-def timings_table(tuned) -> list[dict]:
-    """What the tuner measured: one row per configuration tried (median ms, inf where it failed)."""
-    out = []
-    for config, timing in getattr(tuned, "configs_timings", {}).items():
-        ms = timing[0] if isinstance(timing, (list, tuple)) else timing
-        out.append({**config_dict(config), "ms": None if not math.isfinite(ms) else float(ms)})
-    return sorted(out, key=lambda r: (r["ms"] is None, r["ms"] or 0.0))
-
-
-# --- progress --------------------------------------------------------------------------------
-
-def progress_text(done: int, total: int, width: int = 24, label: str = "") -> str:
-    """A plain text progress bar: ``[#########...............]  9/24 label``."""
-    total = max(total, 1)
-    filled = round(width * min(done, total) / total)
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done:>{len(str(total))}}/{total} {label}".rstrip()

@@ -1,46 +1,125 @@
 """ipywidgets front ends: thin layers over plain, tested functions of the package.
 
-Each widget wires sliders and dropdowns to a pure function (``continuous_update=False``) and
-displays the figure for its default settings as a plain output, which readers without a live
-kernel (a static render on GitHub, a headless run) also see. A notebook follows every widget with
-a cell that calls the same pure function with ``*_defaults()`` and checks the result, because a
-widget's callback swallows exceptions.
+Each widget is a :class:`FigureWidget`: controls (``continuous_update=False``) over one figure that
+the widget draws itself, as PNG bytes in an ``ipywidgets.Image``, with a one-line summary under it.
+Moving a control replaces that figure, so the reader sees one figure: the current one.
 
-Sections: one per widget, in course order. Importing this module needs no display.
+Displayed, a widget is one MIME bundle: the live widget view (JupyterLab renders it), the current
+figure as ``image/png`` and its summary as ``text/plain``. Readers without a widget manager (a
+static render on GitHub, the course's HTML book, a notebook opened without its kernel) see the
+default figure instead of an empty box.
+
+Why an ``Image`` and not an ``Output`` capturing ``display(fig)``: headless runs (nbclient, which
+nbmake uses) answer every change of an ``Output`` widget's contents with a message back to the
+kernel, and that exchange can deadlock (jupyter/nbclient#312; we saw it hang a notebook on a GPU
+machine). An ``Image`` is plain widget state: nothing is captured, nothing is answered.
+
+A notebook follows every widget with a cell that calls the same pure function with ``*_defaults()``
+and checks the result, because a widget's callbacks run where errors are easy to miss.
+
+Sections: the widget class, then one section per widget in course order. Importing this module
+needs no display.
 """
 
 from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Callable
 
 import ipywidgets as widgets
 
 from flashattn import runtime
 from flashattn.models import traffic
+from flashattn.teaching.plots import plot_traffic
 
 
-def live_output(show, controls: dict, *, draw_now: bool, **fixed) -> widgets.Output:
-    """An ``Output`` that calls ``show(**values, **fixed)`` again whenever a control changes.
+def figure_png(fig) -> bytes:
+    """``fig`` as PNG bytes (no varying metadata, tight bounding box, as ``plots.save`` writes), then closed."""
+    import matplotlib.pyplot as plt
 
-    Unlike ``ipywidgets.interactive_output`` it draws nothing into the ``Output`` at creation
-    unless ``draw_now``: the widgets here show their first figure as the cell's own output
-    instead. Headless runs (nbclient, which nbmake uses) answer every change of an ``Output``
-    widget's contents with a message back to the kernel, and that exchange can deadlock
-    (jupyter/nbclient#312; we saw it hang a notebook on a GPU machine). With nothing drawn
-    into the ``Output`` until a reader moves a control, there is no such exchange.
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", metadata={"Software": None}, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return buffer.getvalue()
+
+
+class FigureWidget(widgets.VBox):
+    """Rows of controls over one figure: ``view(**settings) -> (Figure, summary dict with "text")``.
+
+    ``controls`` maps each keyword of ``view`` that the reader can change to its control; ``fixed``
+    holds the others. The figure is drawn at once (a ValueError from ``view`` propagates: bad
+    defaults are the caller's mistake) and again whenever a control changes. Settings that cannot
+    be (``view`` raises ValueError) hide the figure and say why in the summary line, so the reader
+    never sees a figure that does not match the controls.
     """
-    from IPython.display import clear_output
 
-    output = widgets.Output()
+    def __init__(self, view: Callable, controls: dict, rows: list[list[str]], **fixed):
+        self.view, self.controls, self.fixed = view, controls, fixed
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", height="auto"))
+        self.summary = widgets.HTML(layout=widgets.Layout(width="100%"))  # a Label would cut a long line
+        self.text = ""  # the summary line as plain text
+        self.error = None  # the ValueError of the current settings, if they cannot be drawn
+        png, text = self._draw()
+        self.image.value = png
+        self._say(text)
+        rows = [widgets.HBox([controls[name] for name in row]) for row in rows]
+        super().__init__([*rows, self.image, self.summary])
+        self.add_class("flashattn-figure-widget")
+        for control in controls.values():
+            control.observe(self.redraw, names="value")
 
-    def redraw(_change=None):
-        with output:
-            clear_output(wait=True)
-            show(**{name: control.value for name, control in controls.items()}, **fixed)
+    def settings(self) -> dict:
+        """The current settings: the controls' values and the fixed keywords."""
+        return {**{name: control.value for name, control in self.controls.items()}, **self.fixed}
 
-    for control in controls.values():
-        control.observe(redraw, names="value")
-    if draw_now:
-        redraw()
-    return output
+    def _draw(self) -> tuple[bytes, str]:
+        fig, summary = self.view(**self.settings())
+        return figure_png(fig), summary["text"]
+
+    def _say(self, text: str) -> None:
+        self.text = text
+        self.summary.value = html.escape(text)
+
+    def redraw(self, _change=None) -> None:
+        """Draw the figure of the current settings in place of the old one (called on every change)."""
+        try:
+            png, text = self._draw()
+        except ValueError as err:  # settings that cannot be: say why instead of showing a stale figure
+            self.error = err
+            self.image.layout.display = "none"
+            self._say(f"not possible: {err}")
+            return
+        self.error = None
+        self.image.value = png
+        self._say(text)
+        self.image.layout.display = None
+
+    def _repr_mimebundle_(self, **kwargs) -> dict:
+        bundle = super()._repr_mimebundle_(**kwargs)  # text/plain (a repr) and the widget view
+        if self.error is None:
+            bundle["image/png"] = base64.b64encode(self.image.value).decode("ascii")
+        bundle["text/plain"] = self.text
+        return bundle
+
+
+def _settings(defaults: dict, overrides: dict, widget: str) -> dict:
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise TypeError(f"{widget} got unknown settings {unknown}; it accepts {sorted(defaults)}")
+    return {**defaults, **overrides}
+
+
+def _dropdown(options, value, description: str) -> widgets.Dropdown:
+    """A dropdown over ``options`` (values, or (label, value) pairs) that refuses a value it does not offer."""
+    values = [option[1] if isinstance(option, tuple) else option for option in options]
+    if value not in values:
+        raise ValueError(f"{description} must be one of {values}, got {value!r}")
+    return widgets.Dropdown(options=options, value=value, description=description)
+
 
 # --- HBM traffic model (notebooks 02, 04, 05) -------------------------------------------------
 
@@ -64,54 +143,40 @@ def traffic_defaults() -> dict:
 def traffic_view(n_max, D, dtype_bytes, block_m, block_n, causal, B, H, variants=TRAFFIC_VARIANTS):
     """The pure computation behind :func:`traffic_widget`: ``(figure, summary at N = n_max)``."""
     problem = dict(D=D, dtype_bytes=dtype_bytes, block_m=block_m, block_n=block_n, B=B, H=H, causal=causal)
-    fig = traffic.plot_traffic(traffic.n_sweep(n_max, TRAFFIC_N_MIN), variants=variants, **problem)
+    fig = plot_traffic(traffic.n_sweep(n_max, TRAFFIC_N_MIN), variants=variants, **problem)
     summary = traffic.traffic_summary(N=max(traffic.n_sweep(n_max, TRAFFIC_N_MIN)), **problem)
     return fig, summary
 
 
-def _show_traffic(**settings) -> None:
-    import matplotlib.pyplot as plt
-    from IPython.display import display
-
-    fig, summary = traffic_view(**settings)
-    display(fig)
-    plt.close(fig)
-    print(summary["text"])
-
-
-def traffic_widget(*, display_static: bool = True, **overrides) -> widgets.VBox:
+def traffic_widget(**overrides) -> FigureWidget:
     """Sliders and dropdowns (N max, D, dtype, block_m, block_n, causal) over :func:`traffic_view`.
 
-    ``overrides`` change the defaults of :func:`traffic_defaults` (e.g. ``B=1``). With
-    ``display_static`` the default figure is also displayed as a plain output, so the notebook reads
-    sensibly where widgets cannot run. Returns the widget box (the notebook cell displays it).
+    ``overrides`` change the defaults of :func:`traffic_defaults` (e.g. ``B=1``); B and H stay fixed.
     """
-    settings = {**traffic_defaults(), **overrides}
+    settings = _settings(traffic_defaults(), overrides, "traffic_widget")
     n_options = traffic.n_sweep(4 * settings["n_max"], 2 * TRAFFIC_N_MIN)  # up to 4× the default
     if settings["n_max"] not in n_options:
         raise ValueError(f"n_max must be a power of two >= {2 * TRAFFIC_N_MIN}, got {settings['n_max']}")
     controls = {
         "n_max": widgets.SelectionSlider(options=n_options, value=settings["n_max"], description="N max",
                                          continuous_update=False),
-        "D": widgets.Dropdown(options=TRAFFIC_HEAD_DIMS, value=settings["D"], description="D"),
-        "dtype_bytes": widgets.Dropdown(options=TRAFFIC_DTYPES, value=settings["dtype_bytes"], description="dtype"),
-        "block_m": widgets.Dropdown(options=TRAFFIC_BLOCKS, value=settings["block_m"], description="block_m"),
-        "block_n": widgets.Dropdown(options=TRAFFIC_BLOCKS, value=settings["block_n"], description="block_n"),
+        "D": _dropdown(TRAFFIC_HEAD_DIMS, settings["D"], "D"),
+        "dtype_bytes": _dropdown(TRAFFIC_DTYPES, settings["dtype_bytes"], "dtype"),
+        "block_m": _dropdown(TRAFFIC_BLOCKS, settings["block_m"], "block_m"),
+        "block_n": _dropdown(TRAFFIC_BLOCKS, settings["block_n"], "block_n"),
         "causal": widgets.Checkbox(value=settings["causal"], description="causal"),
     }
-    if display_static:
-        _show_traffic(**settings)
-    output = live_output(_show_traffic, controls, draw_now=not display_static, B=settings["B"], H=settings["H"])
-    ui = widgets.VBox([
-        widgets.HBox([controls["n_max"], controls["dtype_bytes"], controls["causal"]]),
-        widgets.HBox([controls["D"], controls["block_m"], controls["block_n"]]),
-    ])
-    return widgets.VBox([ui, output])
+    rows = [["n_max", "dtype_bytes", "causal"], ["D", "block_m", "block_n"]]
+    return FigureWidget(traffic_view, controls, rows, B=settings["B"], H=settings["H"])
 
 
 # --- shared-memory bank conflicts (notebook 06) -----------------------------------------------
 
-from flashattn.models import banks  # noqa: E402  (this section's own import, kept with the section)
+# this section's own imports, kept with the section
+from flashattn.kernels.v2 import compute_padded_headdim  # noqa: E402
+from flashattn.models.banks import column_read  # noqa: E402
+from flashattn.models.layouts import TileLayout, pad_elements  # noqa: E402
+from flashattn.teaching.bank_plots import plot_request  # noqa: E402
 
 BANK_HEAD_DIMS = (16, 32, 64, 128)
 BANK_DTYPES = {"float32": 4, "float16": 2}
@@ -128,8 +193,8 @@ def bank_defaults() -> dict:
     return dict(D=32, dtype="float32", access_bytes=4, layout="row", padding=0, swizzle=1)
 
 
-def bank_layout(D, dtype, layout, padding, swizzle, block_n=BANK_BLOCK_N) -> banks.TileLayout:
-    """The (block_n, D) K tile of the widget's settings as a :class:`flashattn.banks.TileLayout`."""
+def bank_layout(D, dtype, layout, padding, swizzle, block_n=BANK_BLOCK_N) -> TileLayout:
+    """The (block_n, D) K tile of the widget's settings as a :class:`flashattn.models.layouts.TileLayout`."""
     if dtype not in BANK_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(BANK_DTYPES)}, got {dtype!r}")
     if layout not in ("row", "col"):
@@ -137,10 +202,10 @@ def bank_layout(D, dtype, layout, padding, swizzle, block_n=BANK_BLOCK_N) -> ban
     element_bytes = BANK_DTYPES[dtype]
     line = D if layout == "row" else block_n  # a stored line: a row of K, or a column for Kᵀ
     if padding == "double":
-        stride = banks.compute_padded_headdim(line)
+        stride = compute_padded_headdim(line)
     else:
-        stride = line + banks.pad_elements(padding, element_bytes)
-    return banks.TileLayout(block_n, D, element_bytes, layout, stride, swizzle_period=swizzle)
+        stride = line + pad_elements(padding, element_bytes)
+    return TileLayout(block_n, D, element_bytes, layout, stride, swizzle_period=swizzle)
 
 
 def bank_view(D, dtype, access_bytes, layout, padding, swizzle, block_n=BANK_BLOCK_N):
@@ -152,9 +217,9 @@ def bank_view(D, dtype, access_bytes, layout, padding, swizzle, block_n=BANK_BLO
     ``text`` (one line). Raises ValueError for settings that cannot be (e.g. a misaligned vector load).
     """
     tile = bank_layout(D, dtype, layout, padding, swizzle, block_n)
-    read = banks.column_read(tile, 0, 0, access_bytes)
+    read = column_read(tile, 0, 0, access_bytes)
     req = read.analyze()
-    fig = banks.plot_request(read)
+    fig = plot_request(read)
     summary = {
         "wavefronts": req.wavefronts, "ideal": req.ideal, "conflict_ways": req.conflict_ways,
         "layout": tile.name, "read": read.description,
@@ -163,42 +228,21 @@ def bank_view(D, dtype, access_bytes, layout, padding, swizzle, block_n=BANK_BLO
     return fig, summary
 
 
-def _show_banks(**settings) -> None:
-    import matplotlib.pyplot as plt
-    from IPython.display import display
-
-    try:
-        fig, summary = bank_view(**settings)
-    except ValueError as err:  # settings that cannot be: say why instead of failing silently
-        print(f"not possible: {err}")
-        return
-    display(fig)
-    plt.close(fig)
-    print(summary["text"])
-
-
-def bank_widget(*, display_static: bool = True, **overrides) -> widgets.VBox:
+def bank_widget(**overrides) -> FigureWidget:
     """Dropdowns (D, dtype, access width, layout, padding, swizzle) over :func:`bank_view`.
 
-    With ``display_static`` the default figure is displayed as a plain output, and the widget's own
-    output area fills when a control changes.
+    ``overrides`` change the defaults of :func:`bank_defaults`; a value no dropdown offers raises.
     """
-    settings = {**bank_defaults(), **overrides}
+    settings = _settings(bank_defaults(), overrides, "bank_widget")
     controls = {
-        "D": widgets.Dropdown(options=BANK_HEAD_DIMS, value=settings["D"], description="D"),
-        "dtype": widgets.Dropdown(options=tuple(BANK_DTYPES), value=settings["dtype"], description="dtype"),
-        "access_bytes": widgets.Dropdown(options=BANK_ACCESS, value=settings["access_bytes"], description="access"),
-        "layout": widgets.Dropdown(options=BANK_LAYOUTS, value=settings["layout"], description="layout"),
-        "padding": widgets.Dropdown(options=BANK_PADDING, value=settings["padding"], description="padding"),
-        "swizzle": widgets.Dropdown(options=BANK_SWIZZLE, value=settings["swizzle"], description="swizzle"),
+        "D": _dropdown(BANK_HEAD_DIMS, settings["D"], "D"),
+        "dtype": _dropdown(tuple(BANK_DTYPES), settings["dtype"], "dtype"),
+        "access_bytes": _dropdown(BANK_ACCESS, settings["access_bytes"], "access"),
+        "layout": _dropdown(BANK_LAYOUTS, settings["layout"], "layout"),
+        "padding": _dropdown(BANK_PADDING, settings["padding"], "padding"),
+        "swizzle": _dropdown(BANK_SWIZZLE, settings["swizzle"], "swizzle"),
     }
     for control in controls.values():
         control.continuous_update = False
-    if display_static:
-        _show_banks(**settings)
-    output = live_output(_show_banks, controls, draw_now=not display_static)
-    ui = widgets.VBox([
-        widgets.HBox([controls["D"], controls["dtype"], controls["access_bytes"]]),
-        widgets.HBox([controls["layout"], controls["padding"], controls["swizzle"]]),
-    ])
-    return widgets.VBox([ui, output])
+    rows = [["D", "dtype", "access_bytes"], ["layout", "padding", "swizzle"]]
+    return FigureWidget(bank_view, controls, rows)

@@ -5,30 +5,28 @@ from __future__ import annotations
 import torch
 
 from flashattn import runtime
-from flashattn.kernels import VARIANTS, launch_tiles
-from flashattn.kernels.v2 import attn_kernel_v2
-from flashattn.measure.profile import (
-    BANK_METRICS,
-    NcuUnavailable,
-    compiled_kernels,
-    kernel_facts,
-    ncu_profile,
-    ncu_version,
-)
+from flashattn.kernels import VARIANTS, launch_tiles, registry
+from flashattn.measure.bank_counters import BANK_METRICS
+from flashattn.measure.compiled import compiled_kernels, kernel_facts
+from flashattn.measure.profile import NcuUnavailable, kernel_regex, ncu_profile, ncu_version
 from flashattn.models.tuning import PATHS
 from flashattn.record import measurement
 
 # The two paths of notebook 06 (flashattn.tuning.PATHS): float32 on CUDA cores (the source post's),
 # then fp16 on tensor cores.
 PATH_ORDER = ("fp32_ieee", "fp16_tc")
-K_VARIANTS = ("v2", "v2_kt", "v2_kt_view", "v2_padded")
+
+
+def k_variants() -> list[str]:
+    """The variants notebook 06 teaches: the ways of storing and reading K (one kernel each)."""
+    return registry.names(notebook="06")
 
 
 def _configs():
     for path in PATH_ORDER:
         p = PATHS[path]
         for D in p["Ds"]:
-            for variant in K_VARIANTS:
+            for variant in k_variants():
                 yield path, {"variant": variant, "dtype": p["dtype"], "B": p["B"], "H": p["H"], "N": p["N"],
                              "D": D, "causal": False, "options": dict(p["options"])}
 
@@ -39,10 +37,11 @@ def compiled_layouts() -> dict:
     for path, cfg in _configs():
         q, k, v = runtime.random_qkv(cfg["B"], cfg["H"], cfg["N"], cfg["D"], dtype=getattr(torch, cfg["dtype"]),
                                      device="cuda")
-        attn_kernel_v2.device_caches.clear()
+        (jit,) = registry.jit_kernels(cfg["variant"])
+        jit.device_caches.clear()
         VARIANTS[cfg["variant"]](q, k, v, **cfg["options"])
         torch.cuda.synchronize()
-        (kernel,) = compiled_kernels(attn_kernel_v2)
+        (kernel,) = compiled_kernels(jit)
         tiles = launch_tiles(cfg["variant"], cfg["dtype"], cfg["D"])  # what it ran with: the variant's defaults
         rows.append({"path": path, **{k2: cfg[k2] for k2 in ("variant", "dtype", "D", "N")}, **tiles,
                      **kernel_facts(kernel)})
@@ -53,7 +52,7 @@ def compiled_layouts() -> dict:
 def bank_conflicts() -> dict:
     configs = list(_configs())
     try:
-        profiled = ncu_profile([cfg for _, cfg in configs], BANK_METRICS, kernel_regex="attn_kernel_v2")
+        profiled = ncu_profile([cfg for _, cfg in configs], BANK_METRICS, kernel_regex=kernel_regex(k_variants()))
     except NcuUnavailable as err:
         return {"rows": [], "error": str(err)}
     rows = []

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import time
 
-from flashattn.kernels import launch_tiles
+from flashattn.kernels import launch_tiles, registry
+from flashattn.measure.bank_counters import SHARED_METRICS
+from flashattn.measure.hardware import device_properties
 from flashattn.measure.profile import (
-    SHARED_METRICS,
     TRAFFIC_METRICS,
     WARP_METRICS,
     NcuUnavailable,
     find_ncu,
-    kernel_names,
     kernel_regex,
     ncu_profile,
     ncu_shell_command,
@@ -29,12 +29,13 @@ from flashattn.measure.profile import (
     sum_launches,
     target_config,
 )
+from flashattn.measure.traffic_counters import measured_bytes
 from flashattn.models import traffic
 from flashattn.record import measurement
 
 DTYPE = "float16"
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-FAMILY = ("v1", "v2", "v2_kt", "v2_padded")
+FAMILY = ("v1", "v2", "v2_kt", "v2_padded")  # profiled with naive; v2_kt_view requests what v2 requests
 # large: Q, K, V, O are 64 MiB each (working set ≫ the H200's 60 MB L2); naive's S and P grow as N², so
 # it runs fewer heads (S is B·H·N²·4 bytes: 512 MiB here). small: everything fits in L2.
 SIZES = {
@@ -62,7 +63,7 @@ def working_set_bytes(variant: str, *, B, H, N, D, dtype_bytes) -> int:
     x = B * H * N * D * dtype_bytes
     extra = {"v1": 2 * B * H * N * traffic.STAT_BYTES,
              "naive": B * H * N * N * (traffic.STAT_BYTES + dtype_bytes),
-             "v2_kt": x}.get(variant, 0)
+             "v2_kt": x}.get(traffic.formula(variant), 0)
     return 4 * x + extra
 
 
@@ -79,7 +80,7 @@ def model_numbers(cfg: dict) -> dict:
         "compulsory": traffic.compulsory_bytes(cfg["variant"], **shape, dtype_bytes=dtype_bytes),
         "working_set_bytes": working_set_bytes(cfg["variant"], **shape, dtype_bytes=dtype_bytes),
     }
-    if cfg["variant"] == "naive":
+    if traffic.formula(cfg["variant"]) == "naive":
         out["model_per_kernel"] = traffic.naive_kernel_bytes(**problem)
     return out
 
@@ -96,7 +97,7 @@ def error_row(cfg: dict, error) -> dict:
 
 def build_row(cfg: dict, launches: list[dict]) -> dict:
     """A measured row from the profiled launches of one configuration (one per kernel of the variant)."""
-    expected = kernel_names(cfg["variant"])
+    expected = registry.kernel_names(cfg["variant"])
     got = [launch.get("kernel") or "" for launch in launches]
     if len(got) != len(expected) or not all(e in g for e, g in zip(expected, got, strict=False)):
         return error_row(cfg, f"expected kernels {list(expected)}, ncu reported {got}")
@@ -105,10 +106,10 @@ def build_row(cfg: dict, launches: list[dict]) -> dict:
         **_identity(cfg), **model_numbers(cfg),
         "kernels": [{"kernel": name, "grid": launch.get("grid"), "block": launch.get("block"),
                      "metrics": launch["metrics"], "units": launch.get("units", {}),
-                     "measured": traffic.measured_bytes(launch["metrics"])}
+                     "measured": measured_bytes(launch["metrics"])}
                     for name, launch in zip(expected, launches, strict=True)],
         "metrics": metrics,
-        "measured": traffic.measured_bytes(metrics),
+        "measured": measured_bytes(metrics),
     }
 
 
@@ -118,12 +119,11 @@ def _precheck(cfg: dict) -> str | None:
     import torch
 
     from flashattn import runtime
-    from flashattn.kernels import VARIANTS
 
     try:
         q, k, v = runtime.random_qkv(cfg["B"], cfg["H"], cfg["N"], cfg["D"], dtype=getattr(torch, cfg["dtype"]),
                                      device="cuda")
-        out = VARIANTS[cfg["variant"]](q, k, v, causal=cfg["causal"], **cfg["options"])
+        out = registry.get(cfg["variant"]).fn(q, k, v, causal=cfg["causal"], **cfg["options"])
         torch.cuda.synchronize()
         if not torch.isfinite(out).all():
             return "the output has non-finite values"
@@ -164,8 +164,6 @@ def _profile_group(group: list[dict], t0: float) -> tuple[list[dict], str | None
 @measurement("traffic_measured",
              description="Nsight Compute DRAM and L2 bytes of naive, v1, v2, v2_kt, v2_padded against the model")
 def traffic_measured() -> dict:
-    from flashattn.measure.measurements.core import device_properties
-
     t0 = time.perf_counter()
     result = {"metrics": ALL_METRICS, "sizes": SIZES, "dtype": DTYPE, "ncu_version": ncu_version(),
               "l2_cache_bytes": device_properties()["l2_cache_bytes"],

@@ -1,0 +1,443 @@
+"""Fill-in-the-kernel exercises of notebooks 04 and 05: the learner writes the Triton.
+
+* ``check_v2_kernel(kernel)`` (notebook 05): the whole FlashAttention-2 forward kernel, one program per
+  (Q block, batch·head), with masks for the ragged end, the causal mask and the online softmax. The check
+  launches it on grid ``(cdiv(N, BLOCK_M), B·H)`` with BLOCK_M = 32, BLOCK_N = 16.
+* ``check_v1_update(update)`` (notebook 04): the body of the v1 inner loop as a ``@triton.jit`` function
+  ``update(qi, kj, vj, oi, li, mi, keep, scale, PRECISION) -> (oi_new, li_new, mi_new)``, called by the
+  v1 loop of ``v1_driver_kernel`` (outer loop over K/V blocks, inner over Q blocks, state in HBM).
+
+Each check runs the kernel on cases ordered so that one kind of mistake shows at a time (one head and
+whole blocks; a ragged N with B, H > 1; causal; non-contiguous inputs; N = 1; large scores; float16),
+compares with the float64 reference, and, when wrong, with float64 models of the same loop with one
+classic mistake in it (the tile structure included, so that a mask using the index inside the block,
+or an unmasked ragged end, is reproduced exactly).
+"""
+
+# ruff: noqa: E741  (Q, K, V, O: the papers' notation, as in flashattn/kernels)
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashattn import runtime
+
+from ._check import exercise
+from .attention_cases import (
+    OFFSETS_ADVICE,
+    Case,
+    fail,
+    first_bad_row,
+    input_buffers,
+    match_models,
+    per_head_hint,
+    random_qkv,
+    reference_of,
+)
+from .triton_check import Buffer, check_writes, close, launch, near_miss_hint, require_jit, require_masks, tolerance
+
+NEG_INF = float("-inf")
+MODEL_TOL = 1e-4  # a float32 kernel and its float64 model agree to ~1e-6; mistakes differ by far more
+
+
+def _causal_keep(rows, cols, start_m, causal_mask):
+    if causal_mask == "right":
+        return cols[None, :] <= rows[:, None]
+    if causal_mask == "strict":
+        return cols[None, :] < rows[:, None]
+    if causal_mask == "local":
+        return (cols - cols[0])[None, :] <= (rows - start_m)[:, None]
+    if causal_mask == "wrong_way":
+        return cols[None, :] >= rows[:, None]
+    return torch.ones(len(rows), len(cols), dtype=torch.bool)  # "none"
+
+
+def _tile(x, cols, N):
+    """Rows ``cols`` of x (BH, N, D), zero where cols >= N: what a load with other=0.0 gives."""
+    out = torch.zeros(x.shape[0], len(cols), x.shape[2], dtype=x.dtype)
+    ok = cols < N
+    out[:, ok] = x[:, cols[ok]]
+    return out
+
+
+def v2_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: float, *, tail="mask",
+                  causal_mask="right", hi="right", rescale_acc=True, rescale_l=True, exponent="new",
+                  update_max=True, normalize="end") -> torch.Tensor:
+    """The v2 kernel's loop in float64 over (BH, N, D) tensors, tile by tile, with one mistake switched on.
+
+    tail: "mask" (scores past N are -inf) or "zero" (left at the 0.0 the zero-filled keys give).
+    causal_mask: "right" (key j <= query i), "strict" (j < i), "local" (indices inside the tiles),
+    "wrong_way" (j >= i), "none". hi: "right" (causal loop up to the end of the diagonal block) or
+    "before_diagonal" (stops where the Q block starts). exponent: "new" (exp(s - mi_new)), "old"
+    (exp(s - mi), the max before this block), "block" (exp(s - rowmax of the block) with beta, unguarded).
+    update_max=False: mi is never assigned. normalize: "end", "never", "every_step".
+    """
+    BH, N, D = q.shape
+    out = torch.empty_like(q)
+    for start_m in range(0, N, block_m):
+        rows = torch.arange(start_m, min(start_m + block_m, N))
+        qi = q[:, rows]
+        mi = torch.full((BH, len(rows)), NEG_INF, dtype=q.dtype)
+        li = torch.zeros(BH, len(rows), dtype=q.dtype)
+        acc = torch.zeros(BH, len(rows), D, dtype=q.dtype)
+        end = N
+        if causal:
+            end = min(N, start_m + block_m) if hi == "right" else start_m
+        for start_n in range(0, end, block_n):
+            cols = torch.arange(start_n, start_n + block_n)
+            kj, vj = _tile(k, cols, N), _tile(v, cols, N)
+            sij = (qi @ kj.transpose(1, 2)) * scale
+            keep = (cols < N)[None, :] if tail == "mask" else torch.ones(1, block_n, dtype=torch.bool)
+            if causal:
+                keep = keep & _causal_keep(rows, cols, start_m, causal_mask)
+            sij = sij.masked_fill(~keep, NEG_INF)
+            mij = sij.amax(-1)
+            mi_new = torch.maximum(mi, mij)
+            alpha = torch.exp(mi - mi_new)
+            if exponent == "block":
+                beta = torch.exp(mij - mi_new)
+                pij = torch.exp(sij - mij[..., None])
+                rowsum, pv = beta * pij.sum(-1), beta[..., None] * (pij @ vj)
+            else:
+                pij = torch.exp(sij - (mi if exponent == "old" else mi_new)[..., None])
+                rowsum, pv = pij.sum(-1), pij @ vj
+            li = (alpha * li if rescale_l else li) + rowsum
+            acc = (alpha[..., None] * acc if rescale_acc else acc) + pv
+            if normalize == "every_step":
+                acc = acc / li[..., None]
+            if update_max:
+                mi = mi_new
+        out[:, rows] = acc / li[..., None] if normalize == "end" else acc
+    return out
+
+
+# name, model switches, message (what the learner should change)
+V2_MISTAKES = (
+    ("exp_old_max", dict(exponent="old"),
+     "every row is NaN: you exponentiate the scores against the running max from *before* this block. At "
+     "the first block it is -inf, so exp(sij - mi) = exp(+inf). Compute mi_new = max(mi, rowmax(sij)) first "
+     "and use pij = exp(sij - mi_new[:, None])."),
+    ("max_never_updated", dict(update_max=False),
+     "only the last K/V block counts: mi is never updated (mi = mi_new is missing), so it stays -inf, alpha = "
+     "exp(-inf - mi_new) = 0 at every step, and the state is wiped each time. Set mi = mi_new at the end of "
+     "each step."),
+    ("unmasked_tail", dict(tail="zero"),
+     "the keys past N (the ragged end of the last K block) count: they were loaded as 0.0, so their scores "
+     "are 0, not -inf, and each adds exp(0 - mi_new) to li. Mask the scores: sij = tl.where(offs_n[None, :] "
+     "< N, sij, float('-inf'))."),
+    ("no_alpha_acc", dict(rescale_acc=False),
+     "acc is not rescaled: when the running max grows, what acc holds was weighted against the old max. "
+     "Multiply it by alpha = exp(mi - mi_new) before adding pij @ vj (e.g. tl.dot(p, vj, acc * alpha[:, None]))."),
+    ("no_alpha_l", dict(rescale_l=False),
+     "li is not rescaled: li = alpha * li + rowsum(pij), with alpha = exp(mi - mi_new), like acc."),
+    ("no_alpha_both", dict(rescale_acc=False, rescale_l=False),
+     "neither acc nor li is rescaled when the running max grows: multiply both by alpha = exp(mi - mi_new)."),
+    ("no_final_division", dict(normalize="never"),
+     "acc is never divided by li: divide once, after the loop, acc / li[:, None]."),
+    ("divide_every_step", dict(normalize="every_step"),
+     "acc is divided by li at every step: in v2 acc stays unnormalized in the loop; divide once after it."),
+    ("causal_strict", dict(causal_mask="strict"),
+     "the causal mask is off by one: it hides the diagonal. Query i sees key j when j <= i, not j < i."),
+    ("causal_local", dict(causal_mask="local"),
+     "the causal mask compares the indices inside the tiles (tl.arange(0, BLOCK_N) against "
+     "tl.arange(0, BLOCK_M)). Compare positions in the whole sequence: offs_n[None, :] <= offs_m[:, None]."),
+    ("causal_wrong_way", dict(causal_mask="wrong_way"),
+     "the causal mask points the wrong way: it hides the past. Keep key j for query i when j <= i."),
+    ("causal_missing", dict(causal_mask="none"),
+     "there is no causal mask: with CAUSAL, query i sees only keys j <= i (and the loop can stop at the end of "
+     "the diagonal block)."),
+    ("causal_stops_early", dict(hi="before_diagonal"),
+     "the causal loop stops before the diagonal block: the keys from the block's first query to its last are "
+     "needed too. Loop up to min(N, (pid_m + 1) * BLOCK_M)."),
+    ("fa1_exponent_unguarded", dict(exponent="block"),
+     "NaN in the rows that are fully masked inside a diagonal block (with BLOCK_M = 32 > BLOCK_N = 16 some "
+     "query rows see none of the block's keys): their block max is -inf and exp(-inf - (-inf)) = NaN. "
+     "Exponentiate against the running max mi_new, which is finite from the first block on."),
+)
+
+
+def tile_models(model, mistakes, case: Case, q, k, v, block_m: int, block_n: int):
+    """(build, message) for each mistake: ``build()`` runs ``model`` with its switches over the case's heads."""
+    shape = (case.B * case.H, case.N, case.D)
+    flat = [t.reshape(shape) for t in (q, k, v)]
+
+    def build(switches):
+        return lambda: model(*flat, case.causal, block_m, block_n, case.scale, **switches).reshape(q.shape)
+
+    return [(build(switches), message) for _, switches, message in mistakes]
+
+
+V2_BLOCK_M, V2_BLOCK_N = 32, 16
+V2_CASES = (
+    Case("one head, N a multiple of both blocks", 1, 1, 64, 16, False),
+    Case("N not a multiple of the blocks, B and H > 1", 2, 3, 50, 16, False),
+    Case("causal", 2, 2, 50, 16, True),
+    Case("q, k, v non-contiguous, each with its own strides", 2, 2, 17, 16, True, layout="mixed"),
+    Case("N = 1", 1, 2, 1, 16, True),
+    Case("large scores (q × 40, row maxima up to about 150)", 1, 2, 50, 16, False, q_scale=40.0),
+    Case("float16, non-contiguous", 1, 2, 100, 16, True, torch.float16, "mixed"),
+)
+
+
+def _launch_v2(kernel, case: Case, Q, K, V, O) -> None:
+    grid = (triton.cdiv(case.N, V2_BLOCK_M), case.B * case.H)
+    launch(kernel, grid, Q.view, K.view, V.view, O.view, *Q.view.stride(), *K.view.stride(), *V.view.stride(),
+           *O.view.stride(), case.H, case.N, case.scale, D=case.D, BLOCK_M=V2_BLOCK_M, BLOCK_N=V2_BLOCK_N,
+           CAUSAL=case.causal, PRECISION="ieee", where=case.text())
+
+
+def _output(case: Case) -> Buffer:
+    # rows past N of every head land in padding (BLOCK_M rows), where a write past the end shows
+    return Buffer((case.B, case.H, case.N, case.D), case.dtype, pad=(0, 0, V2_BLOCK_M, 0))
+
+
+def _reads_outside(kernel_run, case: Case, qkv) -> bool:
+    """Run again with zeros around the inputs instead of NaN: does the output become finite?"""
+    Q, K, V = input_buffers(case, qkv, fill=0.0)
+    O = _output(case)
+    kernel_run(Q, K, V, O)
+    return bool(torch.isfinite(O.view).all())
+
+
+def _diagnose_v2(kernel_run, case: Case, O: Buffer, qkv, passed: list[Case]) -> None:
+    where = case.text()
+    check_writes(O, "O", where, "Rows past N belong to no query: store with mask=offs_m[:, None] < N, at "
+                 "O + off_b*stride_ob + off_h*stride_oh + offs_m[:, None]*stride_on + offs_d[None, :]*stride_od.",
+                 far=OFFSETS_ADVICE)
+    missing = O.unwritten().cpu()
+    if missing.any():
+        b, h, row, _ = (int(i) for i in torch.nonzero(missing)[0])
+        fail(case, f"row {row} of head ({b}, {h}) was never written. Program (pid_m, pid_bh) stores rows "
+             "pid_m*BLOCK_M .. pid_m*BLOCK_M + BLOCK_M - 1 of head pid_bh (masked with offs_m < N).")
+    got, ref = O.view.double().cpu(), reference_of(case, *qkv)
+    tol = tolerance(case.dtype)
+    if close(got, ref, tol):
+        return
+    message = match_models(got, ref, tile_models(v2_tile_model, V2_MISTAKES, case, *qkv, V2_BLOCK_M, V2_BLOCK_N),
+                           MODEL_TOL if case.dtype == torch.float32 else 10 * tol)
+    if message:
+        fail(case, message)
+    err = ((got - ref).norm() / ref.norm()).item()
+    if passed and case.layout == "mixed" and not any(c.layout == "mixed" for c in passed):
+        fail(case, f"the contiguous cases were right, this one is not (relative error {err:.2g}): here q and v "
+             "are views of (B, N, H, D) memory and k of padded (B, H, N, D) memory, so each tensor has its own "
+             "strides. Use each tensor's strides for every step, never N*D or D.")
+    if not torch.isfinite(got).all() and _reads_outside(kernel_run, case, qkv):
+        fail(case, "NaN in the output, which goes away when the memory around q, k and v holds zeros instead of "
+             "NaN: your kernel reads past the end of a tensor (rows >= N) and uses what it reads. 0 * NaN is NaN "
+             "even where p = 0: load K and V with mask=offs_n[:, None] < N, other=0.0.")
+    hint = per_head_hint(got, ref, tol)
+    if hint:
+        fail(case, hint)
+    if case.q_scale > 1 and not torch.isfinite(got).all():
+        fail(case, "NaN or inf for large scores: exp overflows float32 above 88.7. Exponentiate against the "
+             "running max (pij = exp(sij - mi_new)), which keeps every exponent <= 0.")
+    b, h, row = first_bad_row(got, ref)
+    fail(case, f"the output is wrong (relative error {err:.2g}; the first wrong row is {row} of head "
+         f"({b}, {h})). Compare your loop with the v2 pseudo-code: sij, mi_new, pij, alpha, li, acc, mi."
+         + near_miss_hint(err, case.dtype))
+
+
+@exercise("v2 kernel")
+def check_v2_kernel(kernel) -> str:
+    """``kernel(Q, K, V, O, 16 strides, H, N, scale, D, BLOCK_M, BLOCK_N, CAUSAL, PRECISION)``: FlashAttention-2."""
+    require_jit(kernel, "the attention kernel")
+    passed: list[Case] = []
+    for seed, case in enumerate(V2_CASES):
+        qkv = random_qkv(case, seed=200 + seed)
+        Q, K, V = input_buffers(case, qkv)
+        O = _output(case)
+
+        def run(Q, K, V, O, case=case):
+            _launch_v2(kernel, case, Q, K, V, O)
+
+        run(Q, K, V, O)
+        _diagnose_v2(run, case, O, qkv, passed)
+        passed.append(case)
+    require_masks(kernel, "N is not a multiple of BLOCK_M or BLOCK_N: the last blocks stick out of Q, K, V and O.")
+    return (f"{len(passed)} cases: ragged N, B and H > 1, causal with fully masked rows in diagonal blocks, "
+            "non-contiguous inputs, N = 1, large scores, float16")
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 04: the v1 update, as a @triton.jit function called by the v1 loop
+
+
+@triton.jit
+def v1_driver_kernel(
+    Q, K, V, O, L, M,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, N, scale,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPDATE: tl.constexpr,
+):
+    """The loops of kernels/v1.py's attn_kernel_v1 around the learner's UPDATE (one program per head)."""
+    pid_bh = tl.program_id(0)
+    off_b, off_h = pid_bh // H, pid_bh % H
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    k_base = K + off_b * stride_kb + off_h * stride_kh
+    v_base = V + off_b * stride_vb + off_h * stride_vh
+    o_base = O + off_b * stride_ob + off_h * stride_oh
+    offs_d = tl.arange(0, D)
+    for start_n in range(0, N, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kj = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                     mask=offs_n[:, None] < N, other=0.0)
+        vj = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                     mask=offs_n[:, None] < N, other=0.0)
+        lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
+        for start_m in range(lo, N, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < N
+            qi = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+                         mask=row_ok[:, None], other=0.0)
+            o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+            oi = tl.load(o_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            li = tl.load(L + pid_bh * N + offs_m, mask=row_ok, other=0.0)
+            mi = tl.load(M + pid_bh * N + offs_m, mask=row_ok, other=float("-inf"))
+            keep = offs_n[None, :] < N
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            oi, li, mi = UPDATE(qi, kj, vj, oi, li, mi, keep, scale, PRECISION)
+            tl.store(o_ptrs, oi.to(O.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(L + pid_bh * N + offs_m, li, mask=row_ok)
+            tl.store(M + pid_bh * N + offs_m, mi, mask=row_ok)
+            tl.debug_barrier()
+
+
+def v1_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: float, *, keep="mask", guard=True,
+                  exponent="block", alpha=True, beta_o=True, beta_l=True, division="undo") -> torch.Tensor:
+    """The v1 loop (outer K/V blocks, inner Q blocks) in float64 over (BH, N, D), with one mistake.
+
+    keep: "mask" (scores outside ``keep`` are -inf), "ignore" (no mask: the zero-filled keys past N score
+    0, causal ignored), "zero" (masked scores set to 0). guard=False: a fully masked row exponentiates
+    against its block max -inf (NaN). exponent: "block" (exp(s - mij)), "new" (exp(s - mi_new), beta
+    still applied), "old" (exp(s - mi), the max before this block). division: "undo"
+    ((alpha·li·oi + beta·pv) / li_new), "none", "no_undo" ((alpha·oi + beta·pv) / li_new), "old_l" (/ li).
+    """
+    BH, N, D = q.shape
+    o = torch.zeros_like(q)
+    row_sum = torch.zeros(BH, N, dtype=q.dtype)
+    row_max = torch.full((BH, N), NEG_INF, dtype=q.dtype)
+    for start_n in range(0, N, block_n):
+        cols = torch.arange(start_n, start_n + block_n)
+        kj, vj = _tile(k, cols, N), _tile(v, cols, N)
+        lo = (start_n // block_m) * block_m if causal else 0
+        for start_m in range(lo, N, block_m):
+            rows = torch.arange(start_m, min(start_m + block_m, N))
+            oi, li, mi = o[:, rows], row_sum[:, rows], row_max[:, rows]
+            sij = (q[:, rows] @ kj.transpose(1, 2)) * scale
+            hidden = ~(cols < N)[None, :]
+            if causal:
+                hidden = hidden | (cols[None, :] > rows[:, None])
+            if keep != "ignore":
+                sij = sij.masked_fill(hidden, NEG_INF if keep == "mask" else 0.0)
+            mij = sij.amax(-1)
+            mi_new = torch.maximum(mi, mij)
+            offset = {"block": torch.where(torch.isneginf(mij), 0.0, mij) if guard else mij,
+                      "new": mi_new, "old": mi}[exponent]
+            pij = torch.exp(sij - offset[..., None])
+            a = torch.exp(mi - mi_new) if alpha else torch.ones_like(mi)
+            b = torch.exp(mij - mi_new)
+            li_new = a * li + (b if beta_l else 1.0) * pij.sum(-1)
+            pv = (b[..., None] if beta_o else 1.0) * (pij @ vj)
+            kept = a[..., None] * (li[..., None] * oi if division != "no_undo" else oi) + pv
+            o[:, rows] = kept if division == "none" else kept / (li if division == "old_l" else li_new)[..., None]
+            row_sum[:, rows], row_max[:, rows] = li_new, mi_new
+    return o
+
+
+V1_MISTAKES = (
+    ("exp_old_max", dict(exponent="old"),
+     "every row is NaN: pij is exponentiated against mi, the running max from before this block, which is "
+     "-inf at the first block. In the v1 form pij = exp(sij - mij) with mij the block's own row max."),
+    ("keep_ignored", dict(keep="ignore"),
+     "the scores outside `keep` are used: the keys past N (loaded as 0.0, so scoring 0) and, when causal, "
+     "the future keys. Apply the mask first: sij = tl.where(keep, sij, float('-inf'))."),
+    ("keep_zero", dict(keep="zero"),
+     "the masked scores are set to 0, not -inf: exp(0 - mij) still gives them weight. Use float('-inf')."),
+    ("unguarded", dict(guard=False),
+     "NaN in the rows that are fully masked inside a block (with BLOCK_M = 32 > BLOCK_N = 16 and causal, some "
+     "query rows see none of a diagonal block's keys): their mij is -inf and exp(-inf - (-inf)) = NaN. "
+     "Exponentiate those rows against 0 instead: tl.where(mij == float('-inf'), 0.0, mij)."),
+    ("exp_new_max_and_beta", dict(exponent="new"),
+     "pij is exponentiated against mi_new and then multiplied by beta as well: beta is applied twice. In the "
+     "v1 form pij = exp(sij - mij) (the block's own max) and beta = exp(mij - mi_new) moves it to mi_new."),
+    ("missing_alpha", dict(alpha=False),
+     "the old state is not rescaled: multiply li and the old O by alpha = exp(mi - mi_new), both weighted "
+     "against the old max."),
+    ("missing_beta_both", dict(beta_o=False, beta_l=False),
+     "beta = exp(mij - mi_new) is missing from both li_new and the new term of O."),
+    ("missing_beta_o", dict(beta_o=False),
+     "pij @ vj is not multiplied by beta = exp(mij - mi_new): pij was exponentiated against the block's max."),
+    ("missing_beta_l", dict(beta_l=False),
+     "li_new = alpha * li + beta * lij: the block's sum lij is relative to its own max and needs beta too."),
+    ("no_division", dict(division="none"),
+     "O is never divided by li_new: in the v1 form O is kept normalized, "
+     "oi_new = (alpha * li * oi + beta * pij @ vj) / li_new at every step."),
+    ("no_undo", dict(division="no_undo"),
+     "the old O is already divided by li: multiply it back by li before adding the new block, "
+     "oi_new = (alpha * li * oi + beta * pij @ vj) / li_new."),
+)
+
+
+V1_BLOCK_M, V1_BLOCK_N = 32, 16
+V1_CASES = (
+    Case("one head, N a multiple of both blocks", 1, 1, 64, 16, False),
+    Case("causal: rows fully masked inside diagonal blocks", 1, 2, 64, 16, True),
+    Case("N not a multiple of the blocks, B and H > 1, causal", 2, 2, 50, 16, True),
+    Case("N = 17, shorter than one Q block", 2, 1, 17, 16, False),
+    Case("N = 1", 1, 2, 1, 16, True),
+    Case("large scores (q × 40, row maxima up to about 150)", 1, 2, 50, 16, False, q_scale=40.0),
+    Case("float16", 1, 2, 100, 16, True, torch.float16),
+)
+
+
+def _run_v1(update, case: Case, qkv) -> torch.Tensor:
+    q, k, v = (t.to(runtime.DEVICE, case.dtype) for t in qkv)
+    B, H, N, D = q.shape
+    o = torch.zeros_like(q)
+    l = torch.zeros(B * H, N, dtype=torch.float32, device=q.device)  # noqa: E741
+    m = torch.full((B * H, N), NEG_INF, dtype=torch.float32, device=q.device)
+    launch(v1_driver_kernel, (B * H,), q, k, v, o, l, m, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+           H, N, case.scale, D=D, BLOCK_M=V1_BLOCK_M, BLOCK_N=V1_BLOCK_N, CAUSAL=case.causal,
+           PRECISION="ieee", UPDATE=update, where=case.text())
+    return o.double().cpu()
+
+
+def _diagnose_v1(case: Case, got, qkv) -> None:
+    ref = reference_of(case, *qkv)
+    tol = tolerance(case.dtype)
+    if close(got, ref, tol):
+        return
+    models = tile_models(v1_tile_model, V1_MISTAKES, case, *qkv, V1_BLOCK_M, V1_BLOCK_N)
+    message = match_models(got, ref, models, MODEL_TOL if case.dtype == torch.float32 else 10 * tol)
+    if message:
+        fail(case, message)
+    err = ((got - ref).norm() / ref.norm()).item()
+    if not torch.isfinite(got).all():
+        if case.q_scale > 1:
+            fail(case, "NaN or inf for large scores: exp overflows float32 above 88.7; exponentiate against a max.")
+        fail(case, "NaN or inf in O. The state starts at O = 0, l = 0, m = -inf: dividing by the old li (0 at "
+             "the first block) gives inf; divide by li_new. And exp(-inf - (-inf)) is NaN.")
+    b, h, row = first_bad_row(got, ref)
+    fail(case, f"O is wrong (relative error {err:.2g}; the first wrong row is {row} of head ({b}, {h})). The v1 "
+         "update: sij masked with keep, mij = rowmax(sij), pij = exp(sij - mij), lij = rowsum(pij), mi_new = "
+         "max(mi, mij), alpha = exp(mi - mi_new), beta = exp(mij - mi_new), li_new = alpha*li + beta*lij, "
+         "oi_new = (alpha*li*oi + beta*pij@vj) / li_new." + near_miss_hint(err, case.dtype))
+
+
+@exercise("v1 update")
+def check_v1_update(update) -> str:
+    """``update(qi, kj, vj, oi, li, mi, keep, scale, PRECISION) -> (oi_new, li_new, mi_new)``, @triton.jit."""
+    require_jit(update, "the update function")
+    for seed, case in enumerate(V1_CASES):
+        qkv = random_qkv(case, seed=300 + seed)
+        _diagnose_v1(case, _run_v1(update, case, qkv), qkv)
+    return (f"{len(V1_CASES)} cases in the v1 loop: ragged N, B and H > 1, causal with fully masked rows, N = 1, "
+            "large scores, float16")

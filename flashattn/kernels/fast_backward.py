@@ -1,0 +1,461 @@
+"""The fast backward pass (notebook 12): FlashAttention-2's backward, tuned for Hopper.
+
+The algorithm is the teaching kernel's (``backward.py``); what changes, as in ``fast.py``'s forward:
+
+* ``exp2`` with ``log2(e)`` folded into the scale: ``pij = exp2(sij · qk_scale − lse_i · log2 e)``;
+* the loops split into stages: blocks that need no mask run without ``tl.where``; only the causal
+  diagonal and the ragged tails pay for it;
+* ``tl.dot(a, b, acc)`` accumulating in place; the dK/dV kernel computes the transposed tiles
+  ``sijᵀ = kj · qiᵀ`` so that ``pijᵀ`` and ``dsijᵀ`` are the left operands of ``dV += pijᵀ · doi`` and
+  ``dK += dsijᵀ · qi`` straight from registers (no transpose through shared memory);
+* ``USE_TMA``: Q, K, V and dO tiles arrive through tensor descriptors (Hopper's TMA engine);
+* autotuned tiles per head dimension (:data:`DKDV_SPACE`, :data:`DQ_SPACE`, pruned to what fits);
+* what the issue asks beyond ``backward.py``: L ≠ S (causal aligned top-left, as torch's ``is_causal``),
+  grouped-query attention (a K/V head's dK and dV summed over its group of query heads inside one
+  program: no atomics, no copies of K and V), and any head dimension up to 256 (tiles padded to a power
+  of two, loads and stores masked).
+
+dQ, two ways (``dq_mode``):
+
+* ``"kernel"``: a second kernel, one program per Q block, recomputing ``sij`` and ``dpij``: seven matrix
+  products instead of five, deterministic;
+* ``"atomic"``: the dK/dV kernel also computes ``dsij · kj`` and adds it into a float32 buffer with
+  atomic adds (through the TMA engine's bulk reductions where there are descriptors): five products,
+  the sum's order varies from run to run. FlashAttention-2 and -3 do this.
+
+The interpreter (CPU) runs the same kernels with plain pointer loads.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashattn import runtime
+from flashattn.validate import INPUT_PRECISIONS, check_attention_inputs
+
+from .constants import LOG2_E
+
+try:  # host-side TMA descriptors (Triton >= 3.4)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
+
+@triton.jit
+def _rows(X, row0, start, n_rows, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr,
+          USE_TMA: tl.constexpr):
+    """Rows ``start .. start + BLOCK`` of one head's (n_rows, D) matrix, D_PAD columns wide.
+
+    With TMA, ``X`` is a descriptor over every head as one (heads·n_rows, D) matrix and ``row0`` the
+    head's first row: rows past ``n_rows`` belong to the next head (the caller masks what they touch).
+    Without, rows past ``n_rows`` and columns past D read as zeros.
+    """
+    if USE_TMA:
+        return X.load([row0 + start, 0])
+    else:  # 64-bit row numbers: the interpreter checks 32-bit index arithmetic for overflow, at a cost
+        offs = (start + tl.arange(0, BLOCK)).to(tl.int64)
+        offs_d = tl.arange(0, D_PAD)
+        ptrs = X + (row0 + offs)[:, None] * D + offs_d[None, :]
+        return tl.load(ptrs, mask=(offs[:, None] < n_rows) & (offs_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def bwd_preprocess_fast(O, DO, DELTA, ROWS, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """``delta = rowsum(dO ∘ O)`` over all B·H·L rows at once."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, D_PAD)
+    ptrs = offs.to(tl.int64)[:, None] * D + offs_d[None, :]
+    ok = (offs[:, None] < ROWS) & (offs_d[None, :] < D)
+    oi = tl.load(O + ptrs, mask=ok, other=0.0).to(tl.float32)
+    doi = tl.load(DO + ptrs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(DELTA + offs, tl.sum(oi * doi, axis=1), mask=offs < ROWS)
+
+
+@triton.jit
+def _dkdv_blocks(dkj, dvj, kj, vj, Q, DO, LSE, DELTA, DQ_ACC, DQ_DESC, q_row0, lo, hi, offs_n, L, S, qk_scale,
+                 D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
+                 CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr, PRECISION: tl.constexpr):
+    """Q blocks ``lo .. hi`` of one query head against this program's K/V block, in transposed tiles
+    (keys along the rows): ``dvj += pijᵀ·doi``, ``dkj += dsijᵀ·qi`` (and, with DQ_ATOMIC, ``dqi += dsij·kj``)."""
+    for start_m in tl.range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        qi = _rows(Q, q_row0, start_m, L, D, D_PAD, BLOCK_M, USE_TMA)
+        doi = _rows(DO, q_row0, start_m, L, D, D_PAD, BLOCK_M, USE_TMA)
+        row_ok = offs_m < L
+        lse_i = tl.load(LSE + q_row0 + offs_m, mask=row_ok, other=0.0) * LOG2_E
+        delta_i = tl.load(DELTA + q_row0 + offs_m, mask=row_ok, other=0.0)
+        sijT = tl.dot(kj, tl.trans(qi), input_precision=PRECISION)
+        pijT = tl.exp2(sijT * qk_scale - lse_i[None, :])
+        if MASK:
+            keep = row_ok[None, :] & (offs_n[:, None] < S)
+            if CAUSAL:
+                keep = keep & (offs_n[:, None] <= offs_m[None, :])
+            pijT = tl.where(keep, pijT, 0.0)
+        dvj = tl.dot(pijT.to(doi.dtype), doi, dvj, input_precision=PRECISION)
+        dpijT = tl.dot(vj, tl.trans(doi), input_precision=PRECISION)
+        dsijT = (pijT * (dpijT - delta_i[None, :])).to(qi.dtype)
+        dkj = tl.dot(dsijT, qi, dkj, input_precision=PRECISION)
+        if DQ_ATOMIC:
+            dqi = tl.dot(tl.trans(dsijT), kj, input_precision=PRECISION)
+            if USE_TMA:  # a bulk reduction by the TMA engine; rows past L add zeros to the next head
+                DQ_DESC.atomic_add([q_row0 + start_m, 0], dqi)
+            else:
+                offs_d = tl.arange(0, D_PAD)
+                ptrs = DQ_ACC + (q_row0 + offs_m).to(tl.int64)[:, None] * D + offs_d[None, :]
+                tl.atomic_add(ptrs, dqi, mask=row_ok[:, None] & (offs_d[None, :] < D), sem="relaxed")
+    return dkj, dvj
+
+
+@triton.jit
+def bwd_dkdv_fast(
+    Q, K, V, DO, DK, DV, LSE, DELTA, DQ_ACC, DQ_DESC,
+    L, S, HQ, HKV, qk_scale, scale,
+    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """dK and dV of one K/V block of one K/V head, summed over the GROUP query heads that share it."""
+    pid_n, pid_bh = tl.program_id(0), tl.program_id(1)  # K/V block, batch·(K/V head)
+    off_b, off_hk = pid_bh // HKV, pid_bh % HKV
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kv_row0 = pid_bh * S
+    kj = _rows(K, kv_row0, start_n, S, D, D_PAD, BLOCK_N, USE_TMA)
+    vj = _rows(V, kv_row0, start_n, S, D, D_PAD, BLOCK_N, USE_TMA)
+    dkj = tl.zeros([BLOCK_N, D_PAD], tl.float32)
+    dvj = tl.zeros([BLOCK_N, D_PAD], tl.float32)
+
+    L_full = (L // BLOCK_M) * BLOCK_M
+    if CAUSAL:  # query m sees key n iff n <= m: Q blocks before this K/V block see none of it
+        lo = (start_n // BLOCK_M) * BLOCK_M
+        diag_end = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M  # from here on, every row sees every key
+    else:
+        lo = 0
+        diag_end = 0
+    if DQ_ATOMIC:  # keys past S must not add into dQ: the ragged last K/V block is masked throughout
+        diag_end = tl.where(start_n + BLOCK_N > S, tl.cdiv(L, BLOCK_M) * BLOCK_M, diag_end)
+    for g in range(GROUP):
+        q_row0 = (off_b * HQ + off_hk * GROUP + g) * L
+        # the causal diagonal, masked
+        dkj, dvj = _dkdv_blocks(dkj, dvj, kj, vj, Q, DO, LSE, DELTA, DQ_ACC, DQ_DESC, q_row0, lo,
+                                tl.minimum(diag_end, L), offs_n, L, S, qk_scale, D=D, D_PAD=D_PAD,
+                                BLOCK_M=BLOCK_M, MASK=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+                                DQ_ATOMIC=DQ_ATOMIC, PRECISION=PRECISION)
+        # full Q blocks whose every row sees every key of this block: no mask
+        dkj, dvj = _dkdv_blocks(dkj, dvj, kj, vj, Q, DO, LSE, DELTA, DQ_ACC, DQ_DESC, q_row0, diag_end,
+                                L_full, offs_n, L, S, qk_scale, D=D, D_PAD=D_PAD, BLOCK_M=BLOCK_M,
+                                MASK=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DQ_ATOMIC=DQ_ATOMIC,
+                                PRECISION=PRECISION)
+        # the ragged last Q block (where the diagonal did not cover it), masked
+        dkj, dvj = _dkdv_blocks(dkj, dvj, kj, vj, Q, DO, LSE, DELTA, DQ_ACC, DQ_DESC, q_row0,
+                                tl.maximum(diag_end, L_full), L, offs_n, L, S, qk_scale, D=D, D_PAD=D_PAD,
+                                BLOCK_M=BLOCK_M, MASK=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+                                DQ_ATOMIC=DQ_ATOMIC, PRECISION=PRECISION)
+
+    offs_d = tl.arange(0, D_PAD)
+    ptrs = (kv_row0 + offs_n).to(tl.int64)[:, None] * D + offs_d[None, :]
+    ok = (offs_n[:, None] < S) & (offs_d[None, :] < D)
+    tl.store(DK + ptrs, (dkj * scale).to(DK.dtype.element_ty), mask=ok)
+    tl.store(DV + ptrs, dvj.to(DV.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _dq_blocks(dqi, qi, doi, lse_i, delta_i, K, V, kv_row0, lo, hi, offs_m, S, qk_scale,
+               D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+               CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr):
+    """K/V blocks ``lo .. hi`` against this program's Q block: ``dqi += dsij · kj``."""
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        kj = _rows(K, kv_row0, start_n, S, D, D_PAD, BLOCK_N, USE_TMA)
+        vj = _rows(V, kv_row0, start_n, S, D, D_PAD, BLOCK_N, USE_TMA)
+        sij = tl.dot(qi, tl.trans(kj), input_precision=PRECISION)
+        pij = tl.exp2(sij * qk_scale - lse_i[:, None])
+        if MASK:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            keep = offs_n[None, :] < S
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            pij = tl.where(keep, pij, 0.0)
+        dpij = tl.dot(doi, tl.trans(vj), input_precision=PRECISION)
+        dsij = pij * (dpij - delta_i[:, None])
+        dqi = tl.dot(dsij.to(kj.dtype), kj, dqi, input_precision=PRECISION)
+    return dqi
+
+
+@triton.jit
+def bwd_dq_fast(
+    Q, K, V, DO, DQ, LSE, DELTA,
+    L, S, HQ, HKV, qk_scale, scale,
+    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """dQ of one Q block of one query head (rows are independent: rows past L are computed, not stored)."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)  # Q block, batch·(query head)
+    if CAUSAL:  # the heaviest Q blocks (the last rows) first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q_row0 = pid_bh * L
+    kv_row0 = (pid_bh // HQ * HKV + pid_bh % HQ // GROUP) * S
+    qi = _rows(Q, q_row0, start_m, L, D, D_PAD, BLOCK_M, USE_TMA)
+    doi = _rows(DO, q_row0, start_m, L, D, D_PAD, BLOCK_M, USE_TMA)
+    row_ok = offs_m < L
+    lse_i = tl.load(LSE + q_row0 + offs_m, mask=row_ok, other=0.0) * LOG2_E
+    delta_i = tl.load(DELTA + q_row0 + offs_m, mask=row_ok, other=0.0)
+    dqi = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+
+    S_full = (S // BLOCK_N) * BLOCK_N
+    if CAUSAL:  # keys before this block's first query are seen by all its rows; the diagonal is masked
+        mid = tl.minimum((start_m // BLOCK_N) * BLOCK_N, S_full)
+        hi = tl.minimum(start_m + BLOCK_M, S)
+    else:
+        mid = S_full
+        hi = S
+    dqi = _dq_blocks(dqi, qi, doi, lse_i, delta_i, K, V, kv_row0, 0, mid, offs_m, S, qk_scale, D=D, D_PAD=D_PAD,
+                     BLOCK_N=BLOCK_N, MASK=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, PRECISION=PRECISION)
+    dqi = _dq_blocks(dqi, qi, doi, lse_i, delta_i, K, V, kv_row0, mid, hi, offs_m, S, qk_scale, D=D, D_PAD=D_PAD,
+                     BLOCK_N=BLOCK_N, MASK=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA, PRECISION=PRECISION)
+
+    offs_d = tl.arange(0, D_PAD)
+    ptrs = (q_row0 + offs_m).to(tl.int64)[:, None] * D + offs_d[None, :]
+    tl.store(DQ + ptrs, (dqi * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+
+
+JIT_KERNELS = (bwd_preprocess_fast, bwd_dkdv_fast, bwd_dq_fast)
+
+
+# --- launch options and autotuning -------------------------------------------------------------
+
+MAX_HEAD_DIM = 256
+DQ_MODES = ("kernel", "atomic")
+DEFAULT_DQ_MODE = "kernel"  # on a GPU; the interpreter runs "atomic": one kernel fewer, and adds in order anyway
+
+# The pruned search spaces of triton.autotune, per padded head dimension: (BLOCK_M, BLOCK_N, warps,
+# stages). The dK/dV kernel keeps two (BLOCK_N, D) float32 accumulators per program (three tiles' worth
+# with atomic dQ), the dQ kernel one (BLOCK_M, D); the score tiles it transposes hold a column's lse and
+# delta in every thread. So at D = 128 only 8-warp programs of at most 64 keys stay in registers. Each
+# configuration compiles for sm_90 without spilling registers (or, marked "spills", a few dozen bytes); the
+# H200 timings behind the choice come from scratch/gpu/backward/probe.py.
+DKDV_SPACE = {
+    16: [(64, 128, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
+    32: [(64, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3)],
+    64: [(64, 128, 8, 2), (64, 128, 8, 3), (64, 64, 4, 3), (64, 64, 8, 3), (32, 128, 8, 3), (128, 32, 8, 3)],
+    128: [(64, 64, 8, 2), (64, 64, 8, 3), (32, 64, 8, 2), (32, 64, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3)],  # last 2 spill
+    256: [(16, 16, 4, 1), (32, 16, 4, 1), (32, 32, 8, 2)],  # D = 256 spills whatever the tiles (least first)
+}
+ATOMIC_DKDV_SPACE = {
+    16: [(64, 128, 4, 3), (64, 64, 4, 3)],
+    32: [(64, 128, 8, 3), (64, 64, 4, 3)],
+    64: [(64, 128, 8, 3), (64, 64, 8, 3), (32, 128, 8, 3), (32, 64, 8, 3), (128, 32, 8, 3)],
+    128: [(32, 64, 8, 3), (32, 64, 8, 2), (64, 64, 8, 3), (32, 32, 8, 3)],
+    256: [(16, 16, 4, 1), (32, 32, 8, 2)],
+}
+DQ_SPACE = {
+    16: [(128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)],
+    32: [(128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)],
+    64: [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 8, 2), (128, 32, 8, 3)],
+    128: [(128, 64, 8, 2), (64, 64, 4, 2), (64, 64, 8, 3), (128, 32, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2)],
+    256: [(16, 32, 4, 1), (16, 16, 4, 1), (64, 32, 8, 2)],
+}
+# float32 (IEEE products on the CUDA cores, for checking rather than speed): small tiles; they still spill past D = 32
+FLOAT32_SPACE = [(16, 32, 8, 1), (16, 16, 4, 1), (32, 32, 8, 1)]
+INTERPRETER_TILES = (64, 64, 4, 1)  # few, large programs: the interpreter runs each in Python
+
+
+def padded_head_dim(D: int) -> int:
+    """The tiles' head dimension: D rounded up to a power of two, at least 16 (``tl.dot``'s minimum)."""
+    return max(16, 1 << (D - 1).bit_length())
+
+
+def tuning_space(kernel: str, D: int, dtype: torch.dtype, atomic: bool = False) -> list[tuple[int, int, int, int]]:
+    """The configurations autotuning tries for ``kernel`` ("dkdv" or "dq") at head dimension ``D``; ``atomic``:
+    the dK/dV kernel that also adds into dQ."""
+    d_pad = padded_head_dim(D)
+    if dtype == torch.float32:
+        return list(FLOAT32_SPACE)
+    spaces = {"dkdv": ATOMIC_DKDV_SPACE if atomic else DKDV_SPACE, "dq": DQ_SPACE}
+    return spaces[kernel][d_pad]
+
+
+def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
+    """Options of the fast backward: on a GPU autotuned tiles for both kernels, TMA on Hopper (head
+    dimensions that are powers of two), dQ by :data:`DEFAULT_DQ_MODE`; in the interpreter fixed tiles and
+    atomic dQ (the interpreter runs programs one after another: the adds are in a fixed order)."""
+    if (mode or runtime.MODE) == "interpreter":
+        return dict(dkdv_tiles=INTERPRETER_TILES, dq_tiles=INTERPRETER_TILES, autotune=False, use_tma=False,
+                    dq_mode="atomic", input_precision="ieee")
+    hopper = runtime.HAS_GPU and torch.cuda.get_device_capability()[0] >= 9
+    return dict(dkdv_tiles=None, dq_tiles=None, autotune=True, use_tma=hopper and TensorDescriptor is not None,
+                dq_mode=DEFAULT_DQ_MODE, input_precision="ieee")
+
+
+def _check_tiles(name: str, tiles) -> tuple[int, int, int, int] | None:
+    if tiles is None:
+        return None
+    ok = isinstance(tiles, (tuple, list)) and len(tiles) == 4 and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tiles)
+    if ok:
+        bm, bn, warps, stages = tiles
+        ok = all(x >= 16 and x & (x - 1) == 0 for x in (bm, bn)) and warps in (1, 2, 4, 8, 16) and stages >= 1
+    if not ok:
+        raise ValueError(f"fast backward: {name} must be None or (block_m, block_n, num_warps, num_stages) with "
+                         f"block sizes powers of two >= 16, num_warps a power of two <= 16 and num_stages >= 1; "
+                         f"got {tiles!r}")
+    return tuple(tiles)
+
+
+def _check_options(dtype: torch.dtype, D: int, options: dict) -> dict:
+    defaults = default_options(dtype, D)
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise TypeError(f"fast backward: unknown option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(defaults))}")
+    opts = {**defaults, **options}
+    for key in ("autotune", "use_tma"):
+        if not isinstance(opts[key], bool):
+            raise TypeError(f"fast backward: option {key} must be True or False, got {opts[key]!r}")
+    if opts["dq_mode"] not in DQ_MODES:
+        raise ValueError(f"fast backward: dq_mode must be one of {', '.join(map(repr, DQ_MODES))}, got {opts['dq_mode']!r}")
+    if opts["input_precision"] not in INPUT_PRECISIONS:
+        raise ValueError(f"fast backward: input_precision must be one of {', '.join(INPUT_PRECISIONS)}, "
+                         f"got {opts['input_precision']!r}")
+    if "input_precision" in options and dtype != torch.float32:
+        raise ValueError(f"fast backward: input_precision applies to float32 inputs only (got {dtype})")
+    for key in ("dkdv_tiles", "dq_tiles"):
+        opts[key] = _check_tiles(key, opts[key])
+    if runtime.MODE != "gpu" and (opts["use_tma"] or opts["autotune"]):
+        raise ValueError("fast backward: use_tma and autotune need a GPU (the interpreter has no TMA and no clock)")
+    return opts
+
+
+def check_inputs(q, k, v, o, lse, do, *, causal, scale):
+    """q (B, Hq, L, D); k, v (B, Hkv, S, D) with Hq a multiple of Hkv, as the forward checks them; o and do
+    like q; lse (B, Hq, L) float32. Returns (B, Hq, Hkv, L, S, D, scale)."""
+    if isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"fast backward: head dimension D={q.shape[-1]} is not supported; accepted: 1 to {MAX_HEAD_DIM}")
+    B, HQ, HKV, L, S, D, scale = check_attention_inputs(q, k, v, variant="fast backward", causal=causal, scale=scale,
+                                                        head_dims=range(1, MAX_HEAD_DIM + 1))
+    for name, t in (("o", o), ("do", do)):
+        if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"fast backward: {name} must be like q, {tuple(q.shape)} {q.dtype} on {q.device}; "
+                             f"got {got}")
+    if not isinstance(lse, torch.Tensor) or lse.shape != (B, HQ, L) or lse.dtype != torch.float32 \
+            or lse.device != q.device:
+        got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__
+        raise ValueError(f"fast backward: lse must be the forward's (B, Hq, L) = {(B, HQ, L)} float32 log-sum-exp "
+                         f"on {q.device}; got {got}")
+    return B, HQ, HKV, L, S, D, scale
+
+
+def _set_block_shapes(nargs):
+    """Autotuning pre-hook: the TMA descriptors' tiles follow the configuration being tried."""
+    for name, block in (("Q", "BLOCK_M"), ("DO", "BLOCK_M"), ("DQ_DESC", "BLOCK_M"), ("K", "BLOCK_N"), ("V", "BLOCK_N")):
+        if hasattr(nargs.get(name), "block_shape"):
+            nargs[name].block_shape = [nargs[block], nargs[name].block_shape[1]]
+
+
+_tuned_kernels: dict = {}
+_picked: dict = {}  # (kernel, problem...) -> the tiles autotuning chose, launched directly afterwards
+
+
+def _tuned_kernel(kernel: str, D: int, dtype: torch.dtype, atomic: bool):
+    """``bwd_dkdv_fast`` or ``bwd_dq_fast`` under ``triton.autotune`` over :func:`tuning_space`."""
+    key = (kernel, D, dtype, atomic)
+    if key not in _tuned_kernels:
+        configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st, pre_hook=_set_block_shapes)
+                   for bm, bn, w, st in tuning_space(kernel, D, dtype, atomic)]
+        fn = bwd_dkdv_fast if kernel == "dkdv" else bwd_dq_fast
+        # the atomic dK/dV kernel adds into DQ_ACC: every timed run must start from zeros
+        reset = ["DQ_ACC"] if atomic else None
+        _tuned_kernels[key] = triton.autotune(configs, key=["L", "S", "HQ", "HKV", "CAUSAL", "USE_TMA"],
+                                              reset_to_zero=reset)(fn)
+    return _tuned_kernels[key]
+
+
+def _descriptor(x: torch.Tensor, block_rows: int):
+    """A TMA descriptor over contiguous ``x`` (…, rows, D) seen as one (all rows, D) matrix."""
+    D = x.shape[-1]
+    return TensorDescriptor(x, shape=[x.numel() // D, D], strides=[D, 1], block_shape=[block_rows, D])
+
+
+def _launch(kernel: str, fn, grid, tensors: dict, scalars: tuple, constexprs: dict, tiles, pick_key, use_tma: bool,
+            atomic: bool):
+    """Launch ``fn`` with fixed ``tiles`` (block_m, block_n, warps, stages), or autotune it on the first call
+    for ``pick_key`` and launch the pick directly afterwards (the autotuner's bookkeeping costs tens of µs)."""
+    D = constexprs["D"]
+    dtype = tensors["Q"].dtype
+    tiles = tiles or _picked.get(pick_key)
+    rows = {"Q": 0, "DO": 0, "DQ_DESC": 0, "K": 1, "V": 1}  # which block size each descriptor's tiles follow
+    args = dict(tensors)
+    if use_tma:
+        bm, bn = (tiles[0], tiles[1]) if tiles else (64, 64)  # placeholders: the pre-hook sets them
+        for name, which in rows.items():
+            if args.get(name) is not None:
+                args[name] = _descriptor(args[name], (bm, bn)[which])
+    if tiles is None:
+        tuned = _tuned_kernel(kernel, D, dtype, atomic)
+        tuned[lambda meta: grid(meta["BLOCK_M"], meta["BLOCK_N"])](*args.values(), *scalars, **constexprs)
+        best = tuned.best_config
+        _picked[pick_key] = (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages)
+    else:
+        bm, bn, warps, stages = tiles
+        fn[grid(bm, bn)](*args.values(), *scalars, **constexprs, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                         num_stages=stages)
+
+
+def picked_tiles(kernel: str, **problem) -> tuple | None:
+    """The tiles autotuning picked for ``kernel`` ("dkdv"/"dq") on a problem in this process (None: not tuned)."""
+    for key, tiles in _picked.items():
+        if key[0] == kernel and all(dict(key[1:]).get(k) == v for k, v in problem.items()):
+            return tiles
+    return None
+
+
+def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **options):
+    """dQ, dK, dV of ``o = attention(q, k, v)`` given ``do``, from the forward's output ``o`` and its
+    (B, Hq, L) float32 log-sum-exp ``lse`` (``attention_fast(..., return_lse=True)``).
+
+    q (B, Hq, L, D); k, v (B, Hkv, S, D), Hq a multiple of Hkv (grouped-query attention: dK and dV of a K/V
+    head sum over its query heads); causal aligned top-left (query i sees keys j <= i); D from 1 to 256.
+    Options: ``dq_mode`` ("kernel" or "atomic", see the module docstring), ``autotune`` (GPU default),
+    ``dkdv_tiles`` and ``dq_tiles`` ((block_m, block_n, num_warps, num_stages): fixed tiles for that kernel,
+    instead of autotuning), ``use_tma`` (Hopper default, used where D is a power of two >= 16),
+    ``input_precision`` (float32 only).
+    """
+    B, HQ, HKV, L, S, D, scale = check_inputs(q, k, v, o, lse, do, causal=causal, scale=scale)
+    opts = _check_options(q.dtype, D, options)
+    D_PAD = padded_head_dim(D)
+    q, k, v, o, do = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, o, do))
+    lse = lse.contiguous()
+    atomic = opts["dq_mode"] == "atomic"
+    use_tma = opts["use_tma"] and D == D_PAD and all(t.data_ptr() % 16 == 0 for t in (q, k, v, do))
+    if use_tma and max(B * HQ * L, B * HKV * S) >= 2**31:
+        use_tma = False  # descriptors address rows with 32-bit coordinates
+    dq = torch.empty_like(q)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty((B, HQ, L), dtype=torch.float32, device=q.device)
+    dq_acc = torch.zeros((B, HQ, L, D), dtype=torch.float32, device=q.device) if atomic else None
+
+    rows, block = B * HQ * L, max(16, min(128, 8192 // D_PAD))
+    bwd_preprocess_fast[(triton.cdiv(rows, block),)](o, do, delta, rows, D=D, D_PAD=D_PAD, BLOCK=block)
+
+    precision = opts["input_precision"] if q.dtype == torch.float32 else "tf32"
+    common = dict(D=D, D_PAD=D_PAD, GROUP=HQ // HKV, CAUSAL=causal, USE_TMA=use_tma, PRECISION=precision)
+    scalars = (L, S, HQ, HKV, scale * LOG2_E.value, scale)
+    problem = (("D", D), ("dtype", q.dtype), ("L", L), ("S", S), ("B", B), ("HQ", HQ), ("HKV", HKV),
+               ("causal", causal), ("use_tma", use_tma), ("atomic", atomic))
+    autotune = opts["autotune"]
+    dkdv_tiles = opts["dkdv_tiles"] or (None if autotune else tuning_space("dkdv", D, q.dtype, atomic)[0])
+    _launch("dkdv", bwd_dkdv_fast, lambda bm, bn: (triton.cdiv(S, bn), B * HKV),
+            dict(Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, LSE=lse, DELTA=delta, DQ_ACC=dq_acc,
+                 DQ_DESC=dq_acc if use_tma and atomic else None),
+            scalars, dict(common, DQ_ATOMIC=atomic), dkdv_tiles, ("dkdv", *problem), use_tma, atomic)
+    if atomic:
+        return dq_acc.mul_(scale).to(q.dtype), dk, dv
+    dq_tiles = opts["dq_tiles"] or (None if autotune else tuning_space("dq", D, q.dtype)[0])
+    _launch("dq", bwd_dq_fast, lambda bm, bn: (triton.cdiv(L, bm), B * HQ),
+            dict(Q=q, K=k, V=v, DO=do, DQ=dq, LSE=lse, DELTA=delta),
+            scalars, common, dq_tiles, ("dq", *problem), use_tma, False)
+    return dq, dk, dv

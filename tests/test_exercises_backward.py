@@ -1,0 +1,75 @@
+"""The dS-step exercise of notebook 12: the worked solution passes, the untouched stub is 'not attempted', and
+each mutant (the solution with one classic mistake written in) fails with the message naming that mistake.
+
+The stub and the solution are read from the notebook, so what is tested is what the learner sees.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from exercise_sources import definitions, load, mutate
+
+from flashattn.exercises import ExerciseFailed
+from flashattn.exercises.backward import check_ds_step
+
+NOTEBOOK = "12_backward_pass"
+SOLUTION = definitions(NOTEBOOK, ("my_ds_step_solution",))
+STUB = definitions(NOTEBOOK, ("my_ds_step",))
+
+# (mutant, text in the solution, its replacement, what the check must say)
+MUTANTS = [
+    ("no_delta", "dsij = pij * (dpij - delta_i[:, None])", "dsij = pij * dpij", r"left out the − delta_i"),
+    ("sign_flipped", "dsij = pij * (dpij - delta_i[:, None])", "dsij = pij * (delta_i[:, None] - dpij)",
+     "sign of dS is flipped"),
+    ("scores_for_p", "dsij = pij * (dpij", "dsij = sij * (dpij", "scores sij where the probabilities belong"),
+    ("no_scale", "input_precision=PRECISION) * scale", "input_precision=PRECISION)", "the scale is missing"),
+    ("exp2_natural_log", "pij = tl.exp(sij", "pij = tl.exp2(sij", "exp2 on natural-log quantities"),
+    ("lse_wrong_row", "lse_i[:, None]", "lse_i[None, :]", "lse comes from the wrong row"),
+    ("delta_wrong_row", "delta_i[:, None]", "delta_i[None, :]", "delta comes from the wrong row"),
+    ("softmax_in_tile", "pij = tl.exp(sij - lse_i[:, None])",
+     "pij = tl.exp(sij - tl.max(sij, 1)[:, None])\n    pij = pij / tl.sum(pij, 1)[:, None]",
+     "normalized P inside the tile"),
+    ("causal_mask_missing", "sij = tl.where(offs_n[None, :] <= offs_m[:, None], sij, float(\"-inf\"))",
+     "sij = sij", "causal mask is not applied to dS"),
+    ("causal_off_by_one", "offs_n[None, :] <= offs_m[:, None]", "offs_n[None, :] < offs_m[:, None]",
+     "causal mask is off by one"),
+    ("masked_to_zero", "sij, float(\"-inf\"))", "sij, 0.0)", "masked scores are set to 0, not -inf"),
+    ("nan_rows", "pij = tl.exp(sij - lse_i[:, None])",
+     "m = tl.max(sij, 1)\n    pij = tl.exp(sij - m[:, None]) * tl.exp(m - lse_i)[:, None]",
+     r"row \d+ \(head \d+\) of dS is NaN"),
+    ("dp_not_transposed", "tl.dot(doi, tl.trans(vj)", "tl.dot(doi, vj",
+     r"need the transpose: tl.dot\(doi, tl.trans\(vj\)\)"),
+    ("no_return", "    return dsij\n", "", "return dsij"),
+]
+
+
+def _load(tmp_path, source, name):
+    return getattr(load(source, tmp_path, f"ds_step_{tmp_path.name}"), name)
+
+
+def test_solution_passes_within_ten_seconds(tmp_path):
+    step = _load(tmp_path, SOLUTION, "my_ds_step_solution")
+    start = time.perf_counter()
+    assert check_ds_step(step) is True
+    assert time.perf_counter() - start < 10
+
+
+def test_untouched_stub_is_not_attempted(tmp_path, capsys):
+    assert check_ds_step(_load(tmp_path, STUB, "my_ds_step")) is False
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+def test_a_python_function_is_refused():
+    with pytest.raises(ExerciseFailed, match="@triton.jit"):
+        check_ds_step(lambda *args: None)
+
+
+@pytest.mark.parametrize("name, old, new, message", MUTANTS, ids=[m[0] for m in MUTANTS])
+def test_mutant_is_named(tmp_path, name, old, new, message):
+    step = _load(tmp_path, mutate(SOLUTION, old, new), "my_ds_step_solution")
+    with pytest.raises(ExerciseFailed) as err:
+        check_ds_step(step)
+    assert re.search(message, str(err.value)), str(err.value)
