@@ -1,9 +1,7 @@
-"""The exercises' stubs and worked solutions, read from where the learner sees them, and mutated copies.
+"""The exercises' stubs and worked solutions, read from the notebooks where the learner sees them, and mutated copies.
 
-A worked solution lives in a notebook cell tagged ``solution``, the stub in a code cell before it. For
-the attention notebooks whose Triton exercises are not inserted yet (issue 17, phase 2), the same cells
-live in ``tests/fixtures/exercise_snippets/<notebook>.py``, in the percent format of ``tools/py2nb.py``;
-a notebook that defines a function wins over its snippet file.
+A worked solution lives in a notebook cell tagged ``solution``, the stub in a code cell before it
+(``definitions`` finds each function by name in the notebook's code cells).
 
 Triton reads the source of every ``@triton.jit`` function from a file, so a solution (or a mutant of it)
 is written to a module file and imported from there (``load``).
@@ -18,38 +16,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SNIPPETS = ROOT / "tests" / "fixtures" / "exercise_snippets"
 
 # flashattn first: it sets TRITON_INTERPRET before Triton is imported when there is no GPU
 HEADER = ("import flashattn  # noqa: F401\n\nimport math  # noqa: F401\n\nimport torch  # noqa: F401\n"
           "import triton  # noqa: F401\nimport triton.language as tl  # noqa: F401\n\n\n")
 
 
-def _snippet_cells(path: Path) -> list[str]:
-    cells, lines, kind = [], [], None
-    for line in path.read_text().splitlines() + ["# %%"]:
-        if line.startswith("# %%"):
-            if kind in ("code", "solution"):
-                cells.append("\n".join(lines))
-            tag = line[4:].strip()
-            kind = {"[markdown]": "markdown", "[solution]": "solution"}.get(tag, "code")
-            lines = []
-        else:
-            lines.append(line)
-    return cells
-
-
 def code_cells(notebook: str) -> list[str]:
-    """The code cells (solutions included) of notebooks/<notebook>.ipynb, then of its snippet file."""
-    cells = []
-    path = ROOT / "notebooks" / f"{notebook}.ipynb"
-    if path.exists():
-        nb = json.loads(path.read_text())
-        cells += ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    snippet = SNIPPETS / f"{notebook}.py"
-    if snippet.exists():
-        cells += _snippet_cells(snippet)
-    return cells
+    """The code cells (solutions included) of notebooks/<notebook>.ipynb."""
+    nb = json.loads((ROOT / "notebooks" / f"{notebook}.ipynb").read_text())
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
 
 
 def definitions(notebook: str, names: tuple[str, ...]) -> str:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from flashattn import bank_counters, fma_loads, recorded
+from flashattn import bank_counters, compiled, fma_loads, recorded
 
 # --- recorded measurements -----------------------------------------------------------------------
 
@@ -141,3 +141,35 @@ def test_layout_signature_ignores_names_and_junk():
     assert bank_counters.layout_signature({"shared_layouts": [TTGIR_LINES[0]]}) != bank_counters.layout_signature(a)
     assert bank_counters.layout_signature({}) == ()
     assert bank_counters.compiled_layout_rows(None) == []
+
+
+def test_stall_metrics_are_profile_names_and_in_the_bank_run():
+    from flashattn import profile
+
+    for name in (bank_counters.NCU_WARP_CYCLES, bank_counters.NCU_MIO_THROTTLE):
+        assert name in profile.WARP_METRICS and name in bank_counters.BANK_RUN_METRICS
+    assert set(bank_counters.BANK_METRICS) <= set(bank_counters.BANK_RUN_METRICS)
+    assert len(set(bank_counters.BANK_RUN_METRICS)) == len(bank_counters.BANK_RUN_METRICS)
+
+
+def test_ncu_rows_mio_throttle_share():
+    row = fake_bank_row("v2_kt", 32, 100.0, 50.0, 0.0)
+    row["metrics"].update({bank_counters.NCU_WARP_CYCLES: 20.0, bank_counters.NCU_MIO_THROTTLE: 5.0})
+    (with_stalls,) = bank_counters.ncu_rows({"rows": [row]})
+    assert with_stalls["cycles_per_instruction"] == 20.0 and with_stalls["mio_throttle_cycles"] == 5.0
+    assert with_stalls["mio_throttle_share"] == 0.25
+    (without,) = bank_counters.ncu_rows({"rows": [fake_bank_row("v2", 32, 100.0, 50.0, 0.0)]})
+    assert without["mio_throttle_share"] is None and without["cycles_per_instruction"] is None
+
+
+def test_truncated_sass_listing_is_not_shown_as_counts():
+    limit = compiled.OLD_LISTING_LIMIT  # what Triton 3.6's get_sass could list
+    cut = {"variant": "v2_padded", "spills": 1518, "sass_counts": {"FFMA": limit - 100, "LDS.128": 100}}
+    whole = {"variant": "v2", "spills": 0, "sass_counts": {"FFMA": 2000, "MUFU.EX2": 20}}
+    # read from cuobjdump's full listing: believed even at exactly the old limit; its stack is recorded
+    full = {"variant": "v2_padded", "spills": 1518, "stack_bytes": 6000, "sass_source": "cuobjdump -sass",
+            "sass_counts": {"FFMA": limit}}
+    rows = bank_counters.compiled_layout_rows({"rows": [cut, whole, full, {"variant": "v2_kt"}]})
+    assert [(r["sass_truncated"], r["sass_recorded"]) for r in rows] == [(True, False), (False, True), (False, True),
+                                                                         (False, False)]
+    assert [r["local_bytes"] for r in rows] == [1518 * 4, 0, 6000, None]

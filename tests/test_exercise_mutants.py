@@ -1,8 +1,7 @@
 """Every Triton exercise: the worked solution passes its check, the untouched stub is 'not attempted', and
 each mutant (the solution with one classic mistake written in) fails with the message naming that mistake.
 
-The solutions and stubs are read from the notebooks (or, until they are inserted, from
-tests/fixtures/exercise_snippets), so what is tested is what the learner sees.
+The solutions and stubs are read from the notebooks, so what is tested is what the learner sees.
 """
 
 from __future__ import annotations

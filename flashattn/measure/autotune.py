@@ -86,3 +86,54 @@ def timings_table(tuned) -> list[dict]:
         ms = timing[0] if isinstance(timing, (list, tuple)) else timing
         out.append({**config_dict(config), "ms": None if not math.isfinite(ms) else float(ms)})
     return sorted(out, key=lambda r: (r["ms"] is None, r["ms"] or 0.0))
+
+
+# --- the same configuration, timed in different recorded runs ---------------------------------------------
+
+_TILE_KEYS = ("block_m", "block_n", "num_warps", "num_stages")
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(a.get(k) == b.get(k) for k in _TILE_KEYS)
+
+
+def recorded_timings(config: dict, D: int, path: str = "fp16_tc") -> list[dict]:
+    """Every recorded timing of v2 (``tl.trans``, ``exp``, deferred normalization) at ``config`` on the
+    problem of ``path`` at head dimension ``D``, one per measurement that ran it: separate runs, minutes
+    apart. ``[{"measurement", "what", "ms", "tflops"}]``; a measurement that is not recorded is skipped."""
+    from flashattn.bench import tflops
+    from flashattn.models.tuning import PATHS
+
+    p = PATHS[path]
+    problem = (p["B"], p["H"], p["N"])
+    out = []
+
+    def add(name, what, ms):
+        if ms:
+            out.append({"measurement": name, "what": what, "ms": ms, "tflops": tflops(*problem, D, ms)})
+
+    sweep_name = f"block_sweep_{path.split('_')[0]}_d{D}"
+    sweep = recorded.find(sweep_name)
+    for row in (sweep or {}).get("rows", []):
+        if _same(row, config) and "ms" in row and (row["B"], row["H"], row["N"]) == problem:
+            add(sweep_name, "the sweep", row["ms"])
+    at = recorded.find(f"autotune_v2_d{D}") if path == "fp16_tc" else None
+    if at and "error" not in at and (at["B"], at["H"], at["N"]) == problem:
+        for t in at.get("timings", []):
+            if _same(t, config):
+                add(f"autotune_v2_d{D}", "the autotuner's own timing, while tuning", t["ms"])
+        if _same(at["best"], config):
+            add(f"autotune_v2_d{D}", "the tuned kernel, timed after tuning", at["ms"])
+        if _same(at["default"], config):
+            add(f"autotune_v2_d{D}", "v2's default, timed after tuning", at["default_ms"])
+    facts = recorded.find("compiled_facts")
+    for row in (facts or {}).get("rows", []):
+        if (row.get("variant"), row.get("path"), row.get("D")) == ("v2", path, D) and _same(row, config) \
+                and "ms" in row and (row["B"], row["H"], row["N"]) == problem:
+            add("compiled_facts", "compiled facts (v2 at its defaults)", row["ms"])
+    norm = recorded.find("normalization_exp2")
+    for row in (norm or {}).get("rows", []):
+        if (row.get("path"), row.get("D"), row.get("deferred_norm"), row.get("use_exp2")) == (path, D, True, False) \
+                and _same(row, config) and "ms" in row and (row["B"], row["H"], row["N"]) == problem:
+            add("normalization_exp2", "the exp/exp2 ablation (deferred, exp)", row["ms"])
+    return out

@@ -8,6 +8,8 @@ import math
 import re
 
 from flashattn.measure import recorded
+from flashattn.measure.compiled import listing_truncated
+from flashattn.measure.profile import WARP_METRICS
 from flashattn.models.banks import WARP_SIZE
 from flashattn.models.fma_loads import fma_loop_summary, fma_num_warps, predicted_ratios
 from flashattn.models.layouts import CHUNK_BYTES
@@ -18,28 +20,39 @@ NCU_CONFLICTS = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"
 NCU_STORE_CONFLICTS = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"
 NCU_TIME_NS = "gpu__time_duration.sum"
 SHARED_METRICS = [NCU_WAVEFRONTS, NCU_CONFLICTS]  # shared loads: wavefronts and the extra ones conflicts cost
-BANK_METRICS = [NCU_INSTRUCTIONS, *SHARED_METRICS, NCU_STORE_CONFLICTS, NCU_TIME_NS]  # the 'bank_conflicts' run
+BANK_METRICS = [NCU_INSTRUCTIONS, *SHARED_METRICS, NCU_STORE_CONFLICTS, NCU_TIME_NS]
+# The warp stall metrics (names from flashattn.measure.profile.WARP_METRICS): cycles a warp waits between two
+# of its instructions, and of those, the cycles stalled on a full MIO queue (the post's "MIO throttle").
+NCU_WARP_CYCLES = "smsp__average_warp_latency_per_inst_issued.ratio"
+NCU_MIO_THROTTLE = "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio"
+BANK_RUN_METRICS = BANK_METRICS + [m for m in WARP_METRICS if m not in BANK_METRICS]  # the 'bank_conflicts' run
+LOCAL_WORD_BYTES = 4  # Triton reports a kernel's local memory (its stack) as ``n_spills``, in 4-byte words
 
 
 def ncu_rows(entry: dict | None, path: str | None = None) -> list[dict]:
     """Rows of a recorded 'bank_conflicts' entry (optionally one path), each with its derived numbers.
 
-    Adds ``wavefronts``, ``conflicts``, ``instructions``, ``time_ms``, ``wavefronts_per_instruction``
-    and ``conflict_share`` (conflicts ÷ wavefronts) where the metrics are present (None otherwise).
+    Adds ``wavefronts``, ``conflicts``, ``instructions``, ``time_ms``, ``wavefronts_per_instruction``,
+    ``conflict_share`` (conflicts ÷ wavefronts), ``cycles_per_instruction`` (cycles a warp waits between
+    two of its instructions), ``mio_throttle_cycles`` (of those, stalled on MIO throttle) and
+    ``mio_throttle_share`` where the metrics are present (None otherwise).
     """
     out = []
     for row in (entry or {}).get("rows", []) or []:
         if not isinstance(row, dict) or (path is not None and row.get("path") != path):
             continue
         metrics = row.get("metrics") or {}
-        wf, conf, inst, t = (recorded.number(metrics.get(k))
-                             for k in (NCU_WAVEFRONTS, NCU_CONFLICTS, NCU_INSTRUCTIONS, NCU_TIME_NS))
+        wf, conf, inst, t, cycles, mio = (
+            recorded.number(metrics.get(k))
+            for k in (NCU_WAVEFRONTS, NCU_CONFLICTS, NCU_INSTRUCTIONS, NCU_TIME_NS, NCU_WARP_CYCLES, NCU_MIO_THROTTLE))
         out.append({
             **row,
             "wavefronts": wf, "conflicts": conf, "instructions": inst,
             "time_ms": t / 1e6 if t is not None else None,
             "wavefronts_per_instruction": wf / inst if wf is not None and inst else None,
             "conflict_share": conf / wf if conf is not None and wf else None,
+            "cycles_per_instruction": cycles, "mio_throttle_cycles": mio,
+            "mio_throttle_share": mio / cycles if mio is not None and cycles else None,
         })
     return out
 
@@ -215,7 +228,11 @@ def compiled_layout_rows(entry: dict | None) -> list[dict]:
     """Rows of a recorded 'compiled_layouts' entry with their shared layouts parsed and described.
 
     Adds ``parsed_layouts`` (lines that are not ``#ttg.<kind><{...}>`` definitions are skipped),
-    ``lds_counts`` (the shared-load opcodes of ``sass_counts``), ``sass_recorded``, ``hgmma``, ``ffma``.
+    ``lds_counts`` (the shared-load opcodes of ``sass_counts``), ``hgmma``, ``ffma``, ``sass_truncated``
+    (``flashattn.measure.compiled.listing_truncated``: counts from a listing Triton's get_sass cut short),
+    ``sass_recorded`` (counts recorded and whole: the counts to show) and ``local_bytes`` (the kernel's
+    local memory, its stack, per thread: ``stack_bytes`` where recorded, else Triton's ``spills`` × 4;
+    None if neither is known).
     """
     out = []
     for row in (entry or {}).get("rows", []) or []:
@@ -224,7 +241,12 @@ def compiled_layout_rows(entry: dict | None) -> list[dict]:
         parsed = [{**layout, "text": describe_shared_layout(layout)} for layout in _parsed_layouts(row)]
         counts = row.get("sass_counts") or {}
         lds = {k: v for k, v in counts.items() if k == "LDS" or k.startswith("LDS.") or k.startswith("LDSM")}
-        out.append({**row, "parsed_layouts": parsed, "lds_counts": lds, "sass_recorded": bool(counts),
+        truncated = bool(counts) and listing_truncated(row)
+        spills, stack = row.get("spills"), row.get("stack_bytes")
+        out.append({**row, "parsed_layouts": parsed, "lds_counts": lds, "sass_truncated": truncated,
+                    "sass_recorded": bool(counts) and not truncated,
                     "hgmma": sum(v for k, v in counts.items() if k.startswith("HGMMA")),
-                    "ffma": counts.get("FFMA", 0)})
+                    "ffma": counts.get("FFMA", 0),
+                    "local_bytes": stack if isinstance(stack, int) else
+                    spills * LOCAL_WORD_BYTES if isinstance(spills, int) else None})
     return out

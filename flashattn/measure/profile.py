@@ -357,14 +357,17 @@ def _row(name: str, kind: str, **times) -> dict:
 
 
 def format_profile_table(rows: list[dict], limit: int = 12) -> str:
-    """A plain-text table of :func:`torch_profile` rows (labels first, then the top ``limit`` events)."""
+    """A plain-text table of :func:`torch_profile` rows (labels first, then the top ``limit`` events).
+
+    The GPU column is a label's whole GPU time (every kernel inside it) and an event's own."""
     lines = [f"{'name':<44}{'kind':<8}{'calls':>6}{'CPU ms':>10}{'self CPU':>10}{'GPU ms':>10}"]
     labels = [r for r in rows if r["kind"] == "label"]
     others = [r for r in rows if r["kind"] != "label"][:limit]
     for r in labels + others:
         name = r["name"] if len(r["name"]) <= 42 else r["name"][:39] + "..."
+        gpu_ms = r["device_ms"] if r["kind"] == "label" else r["self_device_ms"]
         lines.append(f"{name:<44}{r['kind']:<8}{r['calls']:>6}{r['cpu_ms']:>10.3f}{r['self_cpu_ms']:>10.3f}"
-                     f"{r['self_device_ms']:>10.3f}")
+                     f"{gpu_ms:>10.3f}")
     return "\n".join(lines)
 
 

@@ -2,8 +2,10 @@
 
 * :func:`hierarchy_rows` — the memory hierarchy of a GPU from its numbers (``flashattn.measure.hardware``
   gives them, measured live or recorded);
-* arithmetic intensity (FLOP per byte of HBM traffic) of a matrix multiply and of attention, with the
-  course's FLOP convention (:func:`attention_flops`);
+* arithmetic intensity (FLOP per byte of memory traffic) of a matrix multiply and of attention, with the
+  course's FLOP convention (:func:`attention_flops`). For attention, :func:`attention_bytes` counts the bytes
+  a kernel *requests* (no reuse); a roofline places a kernel by the bytes that reach DRAM, which L2 can make
+  far fewer: ``flashattn.measure.dram`` does that (measured where recorded, else the compulsory bytes);
 * :func:`roofline` — attainable throughput ``min(peak, intensity · bandwidth)``; :func:`ridge_point`, :func:`bound`;
 * naive attention's O(N²) memory (:func:`naive_intermediate_bytes`, :func:`naive_oom_n`).
 
@@ -120,11 +122,12 @@ def gpu_default_blocks(variant: str, dtype: str = "float16", D: int = 64) -> tup
 
 def attention_bytes(variant: str, *, B: int, H: int, N: int, D: int, dtype_bytes: int,
                     block_m: int | None = None, block_n: int | None = None, causal: bool = False) -> int:
-    """HBM bytes (read + written) of one attention forward pass.
+    """Bytes (read + written) one attention forward pass requests from memory.
 
     ``variant``: ``"minimum"`` (read Q, K, V once and write O once: no kernel can do less) or a
     kernel of the course (``naive``, ``v1``, ``v2``, ...), counted by ``flashattn.traffic.hbm_bytes``
-    at ``block_m``/``block_n`` (default: the variant's GPU block sizes).
+    at ``block_m``/``block_n`` (default: the variant's GPU block sizes), with no reuse: an upper bound on
+    the bytes that reach DRAM (the L2 cache serves repeats; ``flashattn.measure.dram`` tells them apart).
     """
     if variant == "minimum":
         return 4 * B * H * N * D * dtype_bytes
@@ -139,7 +142,8 @@ def attention_bytes(variant: str, *, B: int, H: int, N: int, D: int, dtype_bytes
 
 def attention_intensity(variant: str, *, B: int, H: int, N: int, D: int, dtype_bytes: int,
                         block_m: int | None = None, block_n: int | None = None, causal: bool = False) -> float:
-    """FLOP per HBM byte of attention: :func:`attention_flops` over :func:`attention_bytes`."""
+    """FLOP per requested byte of attention: :func:`attention_flops` over :func:`attention_bytes` (for
+    ``"minimum"``, per compulsory byte: where a kernel that moves each tensor once sits on a roofline)."""
     flops = attention_flops(B, H, N, D, causal)
     return intensity(flops, attention_bytes(variant, B=B, H=H, N=N, D=D, dtype_bytes=dtype_bytes,
                                             block_m=block_m, block_n=block_n, causal=causal))

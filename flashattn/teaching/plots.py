@@ -111,8 +111,12 @@ def plot_traffic(N_values, D, dtype_bytes, block_m, block_n, B, H, causal=False,
 def plot_measured_traffic(rows: list[dict], size: str = "large", caption_text: str | None = None):
     """Bars per variant (reads left, writes right): model request, L2 requests, DRAM, compulsory.
 
-    Log scale; error rows are left out. Returns a matplotlib Figure.
+    Log scale; error rows are left out. A value of zero bytes has no bar on a log axis: a "0" at the
+    bottom of the axis marks its place (a value that was not collected is left blank). Returns a
+    matplotlib Figure.
     """
+    from matplotlib.transforms import blended_transform_factory
+
     ok = [r for r in rows if r.get("size") == size and "error" not in r]
     if not ok:
         raise ValueError(f"no measured rows of size {size!r} without errors")
@@ -122,15 +126,23 @@ def plot_measured_traffic(rows: list[dict], size: str = "large", caption_text: s
               ("DRAM", "measured", "dram_", "#08519c"), ("compulsory", "compulsory", None, "#fdae6b"))
     width = 0.2
     for ax, op in zip(axes, ("read", "write"), strict=True):
+        zeros = []
         for i, row in enumerate(ok):
             for j, (label, key, prefix, colour) in enumerate(series):
                 value = row[key][prefix + op] if prefix else row[key][op]
                 if value:
                     ax.bar(i + (j - 1.5) * width, value, width, color=colour, edgecolor="black", linewidth=0.5,
                            label=label if i == 0 else None)
+                elif value == 0:
+                    zeros.append((i + (j - 1.5) * width, colour))
+        x_data_y_axes = blended_transform_factory(ax.transData, ax.transAxes)
+        for x, colour in zeros:
+            ax.text(x, 0.01, "0", transform=x_data_y_axes, ha="center", va="bottom", fontsize=8, fontweight="bold",
+                    color=colour)
         ax.set_xticks(range(len(ok)), [f"{r['variant']}\nB={r['B']} H={r['H']}" for r in ok], fontsize=8)
         ax.set_yscale("log")
-        ax.set_title(f"bytes {'read' if op == 'read' else 'written'} ({size} size, N={ok[0]['N']})")
+        ax.set_title(f"bytes {'read' if op == 'read' else 'written'} ({size} size, N={ok[0]['N']})"
+                     + ("\n0 = zero bytes (no bar on a log axis)" if zeros else ""))
         ax.set_ylabel("bytes")
     axes[0].legend(fontsize=8)
     if caption_text:
@@ -143,57 +155,84 @@ def plot_measured_traffic(rows: list[dict], size: str = "large", caption_text: s
 
 # Colours for roofline points that are not a variant of the course (the variants keep their own).
 _OTHER_COLORS = ("#8c564b", "#e377c2", "#bcbd22", "#6b6ecf", "#ad494a")
+_POINT_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 
-def plot_roofline(points, hardware: dict, *, roofs=("float16", "float32_ieee"), ax=None):
+def plot_roofline(points, hardware: dict, *, roofs=("float16", "float32_ieee"), ax=None, labels="annotate"):
     """A log-log roofline from the measured ceilings in ``hardware`` (``flashattn.hardware.hardware_numbers``).
 
-    ``points``: dicts with ``label``, ``intensity`` (FLOP/byte), and optionally ``tflops`` (a
-    measured throughput, drawn filled) and ``roof`` (a key of ``hardware["matmul_tflops"]``; a
-    point without ``tflops`` is drawn hollow on that roof: the best the roofline allows).
-    ``roofs``: which matmul rates to draw as compute roofs. Returns the Figure.
+    ``points``: dicts with ``label``, ``intensity`` (FLOP per byte of DRAM traffic), and optionally ``tflops``
+    (a measured throughput, drawn filled), ``roof`` (a key of ``hardware["matmul_tflops"]``; a point without
+    ``tflops`` is drawn hollow on that roof: the best the roofline allows), ``variant`` (its colour),
+    ``marker`` and ``requested_intensity`` (FLOP per byte *requested*, counting no reuse: a dotted line is
+    drawn from there to the point, the way the L2 cache moves it; ``flashattn.measure.dram`` makes such
+    points). ``roofs``: which matmul rates to draw as compute roofs, each in its own line style, the memory
+    roof solid. ``labels``: "annotate" (text next to each point) or "legend" (a legend of the points, right
+    of the axes: for points that sit close together). Points at the same intensity
+    are drawn side by side, each 10 % right of the one before. Returns the Figure.
     """
+    if labels not in ("annotate", "legend"):
+        raise ValueError(f"labels must be 'annotate' or 'legend', got {labels!r}")
     use_style()
     fig, ax = plt.subplots(figsize=(7.5, 4.5)) if ax is None else (ax.figure, ax)
     bw_tbps = hardware["copy_bandwidth_gbps"] / 1000
     peaks = {r: hardware["matmul_tflops"][r] for r in roofs if hardware["matmul_tflops"].get(r)}
     if not peaks:
         raise ValueError(f"none of the roofs {roofs} has a measured rate in hardware['matmul_tflops']")
-    xs = [p["intensity"] for p in points] + [roofline.ridge_point(v, bw_tbps) for v in peaks.values()]
+    xs = [p["intensity"] for p in points] + [p["requested_intensity"] for p in points if p.get("requested_intensity")]
+    xs += [roofline.ridge_point(v, bw_tbps) for v in peaks.values()]
     x_lo, x_hi = 10 ** math.floor(math.log10(min(xs) / 2)), 10 ** math.ceil(math.log10(max(xs) * 2))
     x = np.logspace(math.log10(x_lo), math.log10(x_hi), 200)
 
     top = max(peaks.values())
-    ax.plot(x, np.minimum(x * bw_tbps, top), color="#444444", lw=1.5,
-            label=f"memory roof: HBM copy {bw_tbps:.2f} TB/s")
+    x_mem = np.append(x[x < top / bw_tbps], top / bw_tbps)  # the sloped roof, up to the highest compute roof
+    roof_lines = ax.plot(x_mem, np.minimum(x_mem * bw_tbps, top), color="#000000", lw=2.0, ls="-",
+                         label=f"memory roof: HBM copy {bw_tbps:.2f} TB/s")
     for i, (name, peak) in enumerate(sorted(peaks.items(), key=lambda kv: -kv[1])):
         ridge = roofline.ridge_point(peak, bw_tbps)
-        ax.plot([ridge, x_hi], [peak, peak], lw=1.5, ls=("-", "--", ":", "-.")[i % 4], color="#444444",
-                label=f"compute roof: {roofline.ROOF_LABELS.get(name, name)} {peak:.0f} TFLOP/s")
+        roof_lines += ax.plot([ridge, x_hi], [peak, peak], lw=1.5, ls=("--", ":", "-.")[i % 3], color="#555555",
+                              label=f"compute roof: {roofline.ROOF_LABELS.get(name, name)} {peak:.0f} TFLOP/s "
+                                    f"(ridge {ridge:.0f} FLOP/byte)")
 
     rank = {id(p): r for r, p in enumerate(sorted(points, key=lambda p: p["intensity"]))}
+    point_lines, requested_line, drawn_at = [], None, []
     for i, p in enumerate(points):
-        below = rank[id(p)] % 2 == 0  # neighbours along the x axis get their labels on opposite sides
-        colour = color(p["label"], default=_OTHER_COLORS[i % len(_OTHER_COLORS)])
+        # points at the same intensity (within 2 %) are drawn side by side, 10 % apart, so that none hides another
+        ties = sum(abs(math.log(p["intensity"] / other)) < 0.02 for other in drawn_at)
+        drawn_at.append(p["intensity"])
+        x_p = p["intensity"] * 1.1 ** ties
+        colour = color(p.get("variant", p["label"]), default=_OTHER_COLORS[i % len(_OTHER_COLORS)])
         roof = p.get("roof", roofs[0])
         if p.get("tflops") is not None:
-            y, style = p["tflops"], dict(color=colour, marker="o")
+            y, style = p["tflops"], dict(color=colour)
         else:
             y = roofline.roofline(p["intensity"], hardware["matmul_tflops"][roof], bw_tbps)
-            style = dict(markerfacecolor="white", markeredgecolor=colour, marker="o")
-        ax.plot([p["intensity"]], [y], ls="none", markersize=7, **style)
-        ax.annotate(p["label"], (p["intensity"], y), textcoords="offset points",
-                    xytext=(6, -12) if below else (-6, 6), ha="left" if below else "right",
-                    fontsize=8, color=colour)
+            style = dict(markerfacecolor="white", markeredgecolor=colour)
+        marker = p.get("marker", "o" if labels == "annotate" else _POINT_MARKERS[i % len(_POINT_MARKERS)])
+        point_lines += ax.plot([x_p], [y], ls="none", marker=marker, markersize=7, label=p["label"], **style)
+        if p.get("requested_intensity"):
+            requested_line = ax.plot([p["requested_intensity"], x_p], [y, y], ls=":", lw=1, color=colour,
+                                     marker="|", markevery=[0], markersize=8,
+                                     label="by requested bytes (no reuse) → by DRAM bytes")[0]
+        if labels == "annotate":
+            below = rank[id(p)] % 2 == 0  # neighbours along the x axis get their labels on opposite sides
+            ax.annotate(p["label"], (x_p, y), textcoords="offset points",
+                        xytext=(6, -12) if below else (-6, 6), ha="left" if below else "right",
+                        fontsize=8, color=colour)
 
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(top=top * 2)
-    ax.set_xlabel("arithmetic intensity (FLOP per byte of HBM traffic)")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte of DRAM traffic)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(f"Roofline of {hardware['name']}")
-    ax.legend(loc="lower right", fontsize=8)
+    extra = [requested_line] if requested_line is not None else []
+    if labels == "legend":
+        ax.add_artist(ax.legend(handles=roof_lines, loc="lower right", fontsize=8))
+        ax.legend(handles=point_lines + extra, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    else:
+        ax.legend(handles=roof_lines + extra, loc="lower right", fontsize=8)
     caption(ax, hardware["label"])
     return fig
 

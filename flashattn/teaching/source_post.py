@@ -5,7 +5,8 @@ in the course's seed) reports traffic, counters and timings without the problem 
 ``POST_REPORTED`` holds every number the course quotes from it, grouped by unit; show them only with
 ``POST_LABEL``. :func:`fit_source_problem` searches for shapes under which the traffic model
 (``flashattn.traffic.hbm_bytes``) gives the post's four traffic numbers; :func:`post_derived` reads its
-shared-memory counters.
+shared-memory counters, :func:`post_time_ratios` its timings, and :func:`shared_bandwidth_check` puts its
+shared-memory bandwidth next to 32 banks × 4 bytes per clock.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from flashattn.models.roofline import SHARED_BYTES_PER_CLOCK_PER_SM
 from flashattn.models.traffic import STAT_BYTES, format_bytes
 
 POST_LABEL = "as reported by the post (RTX 2070, float32)"
@@ -28,6 +30,11 @@ POST_REPORTED = {  # show only with POST_LABEL
     "occupancy": {"v1": 0.25, "v2": 0.63},  # achieved, fraction of the SM's warps
     "conflict_ways": {"v2": 6.3, "v2_padded": 3.4},  # average ways of a conflicting shared load
     "mio_throttle_v2_kt": {"stall_share": 0.4397, "cycles_per_warp": 6.7},  # what stalled after the transpose
+    # the speed-ups the summary quotes, in per cent: "+6 %" for v2 over v1, "+145 %" for the transposed K
+    "quoted_gain_pct": {"v2_over_v1": 6, "v2_kt": 145},
+    # its shared-memory bandwidth: "1-2 TB/s per SM", and "100+ TB/s" for the A100's 108 SMs together
+    "shared_bandwidth_bytes_per_s": {"per_sm_low": 1e12, "per_sm_high": 2e12, "a100_whole_gpu": 100e12},
+    "a100": {"multiprocessors": 108},
 }
 QUANTITIES = tuple(POST_REPORTED["traffic_bytes"])  # what fit_source_problem fits
 
@@ -39,6 +46,44 @@ def post_derived() -> dict:
         "wavefronts_per_request": r["wavefronts"] / r["shared_load_requests"],
         "conflict_share": r["bank_conflicts"] / r["wavefronts"],
         "conflict_free_per_request": (r["wavefronts"] - r["bank_conflicts"]) / r["shared_load_requests"],
+    }
+
+
+def post_time_ratios() -> dict:
+    """Ratios of the post's three timings (shape-free, so they compare with ours): v2 ÷ v1, v2 ÷ v2_kt, v1 ÷ v2_kt."""
+    t = POST_REPORTED["time_ms"]
+    return {"v2_over_v1": t["v2"] / t["v1"], "v2_over_v2_kt": t["v2"] / t["v2_kt"],
+            "v1_over_v2_kt": t["v1"] / t["v2_kt"]}
+
+
+def post_mio_cycles_between_instructions() -> float:
+    """The post's v2_kt: 6.7 cycles of MIO-throttle stall are 43.97 % of the cycles a warp waits between two
+    instructions (Nsight Compute's wording), so it waited about 15 cycles in all."""
+    m = POST_REPORTED["mio_throttle_v2_kt"]
+    return m["cycles_per_warp"] / m["stall_share"]
+
+
+def shared_bandwidth_check(multiprocessors: int, max_sm_clock_mhz: float) -> dict:
+    """The post's shared-memory bandwidth against 32 banks × 4 bytes per clock per SM at a GPU's clock.
+
+    Returns ``per_sm_gbps`` and ``whole_gpu_gbps`` (derived), ``claim_over_derived`` (the post's per-SM
+    range divided by the derived per-SM bandwidth, low and high), ``clock_needed_ghz`` (the clock at which
+    128 bytes per clock would give the post's per-SM range) and ``a100_whole_gpu_gbps`` (the A100's 108 SMs
+    at this clock, for the post's "100+ TB/s").
+    """
+    for name, value in (("multiprocessors", multiprocessors), ("max_sm_clock_mhz", max_sm_clock_mhz)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    claim = POST_REPORTED["shared_bandwidth_bytes_per_s"]
+    per_sm = SHARED_BYTES_PER_CLOCK_PER_SM * max_sm_clock_mhz * 1e6  # bytes per second
+    return {
+        "bytes_per_clock_per_sm": SHARED_BYTES_PER_CLOCK_PER_SM,
+        "per_sm_gbps": per_sm / 1e9,
+        "whole_gpu_gbps": per_sm * multiprocessors / 1e9,
+        "claim_over_derived": (claim["per_sm_low"] / per_sm, claim["per_sm_high"] / per_sm),
+        "clock_needed_ghz": (claim["per_sm_low"] / SHARED_BYTES_PER_CLOCK_PER_SM / 1e9,
+                             claim["per_sm_high"] / SHARED_BYTES_PER_CLOCK_PER_SM / 1e9),
+        "a100_whole_gpu_gbps": per_sm * POST_REPORTED["a100"]["multiprocessors"] / 1e9,
     }
 
 

@@ -6,7 +6,7 @@ import torch
 
 from flashattn import runtime
 from flashattn.kernels import VARIANTS, launch_tiles, registry
-from flashattn.measure.bank_counters import BANK_METRICS
+from flashattn.measure.bank_counters import BANK_RUN_METRICS
 from flashattn.measure.compiled import compiled_kernels, kernel_facts
 from flashattn.measure.profile import NcuUnavailable, kernel_regex, ncu_profile, ncu_version
 from flashattn.models.tuning import PATHS
@@ -52,7 +52,7 @@ def compiled_layouts() -> dict:
 def bank_conflicts() -> dict:
     configs = list(_configs())
     try:
-        profiled = ncu_profile([cfg for _, cfg in configs], BANK_METRICS, kernel_regex=kernel_regex(k_variants()))
+        profiled = ncu_profile([cfg for _, cfg in configs], BANK_RUN_METRICS, kernel_regex=kernel_regex(k_variants()))
     except NcuUnavailable as err:
         return {"rows": [], "error": str(err)}
     rows = []
@@ -61,5 +61,5 @@ def bank_conflicts() -> dict:
         rows.append({"path": path, **{k: cfg[k] for k in ("variant", "dtype", "B", "H", "N", "D")},
                      **launch_tiles(cfg["variant"], cfg["dtype"], cfg["D"]), "grid": launch["grid"],
                      "block": launch["block"], "metrics": launch["metrics"]})
-    return {"rows": rows, "metrics": BANK_METRICS, "ncu_version": ncu_version(),
+    return {"rows": rows, "metrics": BANK_RUN_METRICS, "ncu_version": ncu_version(),
             "notes": "ncu --clock-control none; second launch of each configuration (the first compiles)"}

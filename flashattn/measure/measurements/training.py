@@ -108,7 +108,7 @@ def step_cost(config: GPTConfig, attention, *, batch: int, dtype=torch.bfloat16,
 
 # --- the registered measurement ---------------------------------------------------------------------
 
-CURVES = dict(task=dict(n_pairs=32, n_keys=64, n_values=64), model=dict(n_layers=2, n_heads=4, d_model=128),
+CURVES = dict(task=dict(n_pairs=8, n_keys=16, n_values=16), model=dict(n_layers=2, n_heads=2, d_model=128),
               steps=1500, batch=64, lr=3e-3, dtype="bfloat16")
 STEP_COST = dict(seq_lens=(4096, 8192), tokens=32768, model=dict(n_layers=4, n_heads=8, d_model=512),
                  vocab_size=256, dtype="bfloat16")

@@ -1,20 +1,22 @@
 """Block sizes, warps and stages on the GPU (notebook 08): the block sweeps and ``triton.autotune`` over v2.
 
 * ``block_sweep_<path>_d<D>``  v2 over BLOCK_M × BLOCK_N × warps × stages (failures kept as rows)
-* ``autotune_v2_d<D>``         triton.autotune over a pruned space (fp16): what it tried and what it picked
+* ``autotune_v2_d<D>``         triton.autotune over a pruned space (fp16): what it tried, what it picked, and its
+                               pick timed next to the alternatives in interleaved rounds
 """
 
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 
 import torch
 
 from flashattn import runtime
-from flashattn.bench import tflops, time_ms
+from flashattn.bench import tflops, time_ms, time_rounds
 from flashattn.kernels import VARIANTS, launch_tiles, registry
-from flashattn.measure import autotune
+from flashattn.measure import autotune, recorded
 from flashattn.measure.compiled import compiled_kernels, kernel_resources
 from flashattn.measure.hardware import device_properties
 from flashattn.models import tuning
@@ -106,8 +108,62 @@ for _name, (_path, _D) in SWEEP_NAMES.items():
 
 # --- triton.autotune ----------------------------------------------------------------------------
 
+COMPARE_ROUNDS = 5  # interleaved rounds in which the tuner's pick is timed next to the alternatives
+COMPARE_TOP = 3  # the tuner's fastest configurations timed again, side by side
+
+
+def comparison_configs(picked: dict, tuner_timings: list[dict], default: dict, sweep_best: dict | None,
+                       top: int = COMPARE_TOP) -> dict[str, dict]:
+    """What the autotuner's pick is timed against, by label: the same configuration launched directly,
+    the tuner's next fastest, v2's default and the recorded sweep's best (each configuration once)."""
+    keys = ("block_m", "block_n", "num_warps", "num_stages")
+    out: dict[str, dict] = {}
+
+    def add(label, cfg):
+        cfg = {k: cfg[k] for k in keys}
+        if cfg not in out.values():
+            out[label] = cfg
+
+    add("picked, launched directly", picked)
+    ranked = [t for t in tuner_timings if t.get("ms") is not None]
+    for i, t in enumerate(ranked[:top]):
+        add(f"tuner's #{i + 1}", t)
+    add("v2 default", default)
+    if sweep_best:
+        add("sweep's best", sweep_best)
+    return out
+
+
+def _recorded_sweep_best(D: int, path: str) -> dict | None:
+    entry = recorded.find(f"block_sweep_{path.split('_')[0]}_d{D}")
+    return tuning.best_row(entry["rows"]) if entry else None
+
+
+def _interleaved(tuned, q, k, v, configs: dict[str, dict], p: dict, D: int) -> dict:
+    """The autotuned kernel and each configuration, timed in COMPARE_ROUNDS interleaved rounds."""
+    fns = {"autotuned": functools.partial(autotune.run_autotuned_v2, tuned, q, k, v)}
+    fns.update({label: functools.partial(VARIANTS["v2"], q, k, v, **p["options"], **cfg)
+                for label, cfg in configs.items()})
+    failed = {}
+    for label, fn in list(fns.items()):  # one that cannot run is left out of the rounds, with its error
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001
+            failed[label] = tuning.short_error(err)
+            del fns[label]
+    times = time_rounds(fns, COMPARE_ROUNDS)
+    rows = [{"label": label, "config": configs.get(label), "error": error} for label, error in failed.items()]
+    for label, ms_rounds in times.items():
+        ms = statistics.median(ms_rounds)
+        rows.append({"label": label, "config": configs.get(label, tuning.config_dict(tuned.best_config)),
+                     "ms_rounds": ms_rounds, "ms": ms, "tflops": tflops(p["B"], p["H"], p["N"], D, ms),
+                     "spread": max(ms_rounds) / min(ms_rounds) - 1})
+    return {"rounds": COMPARE_ROUNDS, "rows": rows}
+
+
 def autotune_entry(D: int, path: str = "fp16_tc") -> dict:
-    """triton.autotune over the pruned AUTOTUNE_SPACE for v2 at one head dimension."""
+    """triton.autotune over the pruned AUTOTUNE_SPACE for v2 at one head dimension; then its pick timed next
+    to the alternatives in interleaved rounds."""
     p = tuning.PATHS[path]
     dtype = getattr(torch, p["dtype"])
     limit = autotune.shared_limit()
@@ -119,7 +175,11 @@ def autotune_entry(D: int, path: str = "fp16_tc") -> dict:
              "flop_convention": "4*B*H*N^2*D",
              "notes": "triton.autotune(configs, key, prune_configs_by={'early_config_prune': shared-memory "
                       "estimate}, do_bench=do_bench(warmup=5, rep=20)) on attn_kernel_v2; timings = the tuner's "
-                      "own medians; ms/tflops = do_bench median (warmup 10 ms, rep 50 ms) after tuning"}
+                      "own medians; then the autotuned kernel, its pick launched directly, the tuner's next "
+                      f"fastest, v2's default and the recorded sweep's best timed in {COMPARE_ROUNDS} interleaved "
+                      "rounds of do_bench medians (interleaved.rows: ms_rounds per round, ms = their median, "
+                      "spread = slowest / fastest round - 1); ms/tflops and default_ms/default_tflops come from "
+                      "those rounds"}
     try:
         q, k, v = runtime.random_qkv(p["B"], p["H"], p["N"], D, dtype=dtype, seed_value=D, device="cuda")
         tuned = autotune.autotuned_v2(autotune.triton_configs(pruned))
@@ -129,15 +189,19 @@ def autotune_entry(D: int, path: str = "fp16_tc") -> dict:
         entry["tuning_seconds"] = time.perf_counter() - t0
         entry["best"] = tuning.config_dict(tuned.best_config)
         entry["timings"] = autotune.timings_table(tuned)
-        entry["ms"] = time_ms(functools.partial(autotune.run_autotuned_v2, tuned, q, k, v), warmup=10, rep=50)
-        entry["tflops"] = tflops(p["B"], p["H"], p["N"], D, entry["ms"])
         entry["default"] = launch_tiles("v2", dtype, D)
-        entry["default_ms"] = time_ms(functools.partial(VARIANTS["v2"], q, k, v), warmup=10, rep=50)
-        entry["default_tflops"] = tflops(p["B"], p["H"], p["N"], D, entry["default_ms"])
         entry["rel_error_vs_default"] = rel_error(o, VARIANTS["v2"](q, k, v))
+        configs = comparison_configs(entry["best"], entry["timings"], entry["default"], _recorded_sweep_best(D, path))
+        entry["interleaved"] = _interleaved(tuned, q, k, v, configs, p, D)
+        timed = [r for r in entry["interleaved"]["rows"] if "ms" in r]
+        by_label = {r["label"]: r for r in timed}
+        default_row = next(r for r in timed if r["label"] != "autotuned" and r["config"] == entry["default"])
+        entry.update(ms=by_label["autotuned"]["ms"], tflops=by_label["autotuned"]["tflops"],
+                     default_ms=default_row["ms"], default_tflops=default_row["tflops"])
         log(f"autotune D={D}: {len(pruned)} configs in {entry['tuning_seconds']:.1f} s -> "
             f"{tuning.config_label(entry['best'])}, {entry['tflops']:.0f} TFLOP/s "
-            f"(default {entry['default_tflops']:.0f})")
+            f"(default {entry['default_tflops']:.0f}); rounds: "
+            + ", ".join(f"{r['label']} {r['tflops']:.0f} (±{r['spread']:.0%})" for r in timed))
         del q, k, v, o
         torch.cuda.empty_cache()
     except Exception as err:  # noqa: BLE001
