@@ -164,7 +164,7 @@ def test_fast_backward_spaces_and_padding():
 def test_fast_backward_refuses_bad_inputs():
     q, k, v, do = make_inputs(1, 4, 2, 8, 8, 16, torch.float32, seed=0)
     o = torch.zeros_like(q)
-    lse = torch.zeros(1, 4, 8)
+    lse = torch.zeros(1, 4, 8, device=q.device)
     attention_backward_fast(q, k, v, o, lse, do)  # the good call
     with pytest.raises(ValueError, match="multiple of the key/value heads"):
         attention_backward_fast(q[:, :3], k, v, o[:, :3], lse[:, :3], do[:, :3])
@@ -173,8 +173,8 @@ def test_fast_backward_refuses_bad_inputs():
     with pytest.raises(ValueError, match="lse must be"):
         attention_backward_fast(q, k, v, o, lse.double(), do)
     with pytest.raises(ValueError, match="head dimension D=300"):
-        big = torch.zeros(1, 1, 4, 300)
-        attention_backward_fast(big, big, big, big, torch.zeros(1, 1, 4), big)
+        big = torch.zeros(1, 1, 4, 300, device=q.device)
+        attention_backward_fast(big, big, big, big, torch.zeros(1, 1, 4, device=q.device), big)
     with pytest.raises(ValueError, match="dq_mode"):
         attention_backward_fast(q, k, v, o, lse, do, dq_mode="fast")
     with pytest.raises(ValueError, match="dkdv_tiles"):

@@ -134,7 +134,7 @@ def test_bad_shapes_are_refused():
         attention_fast(q[..., :8], k, v)
     with pytest.raises(ValueError, match=r"k and v must have the same shape \(B, Hkv, S, D\)"):
         attention_fast(q, k, v[:, :, :5])
-    big = torch.randn(1, 1, 4, 257)
+    big = torch.randn(1, 1, 4, 257, device=runtime.DEVICE)
     with pytest.raises(ValueError, match="D=257 is not supported; accepted: any D from 1 to 256$"):
         attention_fast(big, big, big)
 

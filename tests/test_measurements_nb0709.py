@@ -139,3 +139,36 @@ def test_interleaved_comparison_times_every_candidate_in_rounds_and_keeps_failur
     assert auto["config"] == configs["picked, launched directly"] and len(auto["ms_rounds"]) == mt.COMPARE_ROUNDS
     assert auto["spread"] == max(auto["ms_rounds"]) / min(auto["ms_rounds"]) - 1
     assert ("autotuned", 0) in calls and ("v2", 64) in calls  # each ran once before the rounds
+
+
+def test_exp2_counters_profile_the_four_ablations_of_each_fp16_head_dimension(monkeypatch):
+    from flashattn import tuning
+    from flashattn.measure.profile import NcuUnavailable
+
+    seen = {}
+
+    def fake_profile(targets, metrics, kernel_regex):
+        seen.setdefault("metrics", []).append(list(metrics))
+        if len(seen["metrics"]) == 1 and "made_up__metric.sum" in metrics:
+            raise NcuUnavailable("ncu failed (exit 1): Failed to find metric made_up__metric.sum")
+        seen["targets"] = targets
+        assert kernel_regex == "attn_kernel_v2"
+        return [[{"kernel": "attn_kernel_v2", "grid": "(32, 64, 1)", "block": "(128, 1, 1)",
+                  "metrics": {"smsp__inst_executed.sum": 1.0}}] for _ in targets]
+
+    monkeypatch.setattr(mc, "ncu_profile", fake_profile)
+    monkeypatch.setattr(mc, "find_ncu", lambda: "/usr/bin/ncu")
+    monkeypatch.setattr(mc, "ncu_version", lambda: "made up")
+    monkeypatch.setattr(mc, "_query_metrics", lambda: "")
+    out = mc._exp2_counters()
+    Ds = tuning.PATHS["fp16_tc"]["Ds"]
+    assert len(out["rows"]) == 4 * len(Ds) and out["dropped"] == []
+    assert {(r["D"], r["deferred_norm"], r["use_exp2"]) for r in out["rows"]} == {
+        (D, a["deferred_norm"], a["use_exp2"]) for D in Ds for a in mc.ABLATIONS}
+    assert all(t["options"]["use_exp2"] in (True, False) and t["dtype"] == "float16" for t in seen["targets"])
+    # a metric this ncu does not know: once more with the known ones, and the entry says what was dropped
+    monkeypatch.setattr(mc, "EXP2_METRICS", [*mc.EXP2_METRICS, "made_up__metric.sum"])
+    seen.clear()
+    out = mc._exp2_counters()
+    assert len(seen["metrics"]) == 2 and "made_up__metric.sum" in out["dropped"]
+    assert set(out["metrics"]) <= mc.KNOWN_METRICS | {"smsp__inst_executed.sum"} and out["rows"]
