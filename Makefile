@@ -36,9 +36,12 @@ lab: $(STAMP)
 	$(BIN)/python -c "import flashattn; print(flashattn.describe())"
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser --ServerApp.root_dir=notebooks $(ROOT_FLAG)
 
+# Every test and every notebook. The notebooks run twice: under nbmake here, and in a fresh clone by the book
+# test (tests/test_book.py), which also checks that running them left that clone clean. The clean-clone test of
+# tests/test_notebooks_clean.py (a third run) is left to make gpu-test, where notebooks take their live paths.
 test: $(STAMP)
 	$(BIN)/python -c "import flashattn; print(flashattn.describe())"
-	$(BIN)/python -m pytest tests notebooks --nbmake --nbmake-timeout=900 -q
+	$(BIN)/python -m pytest tests notebooks --nbmake --nbmake-timeout=900 -q -m "not clean_clone" --durations=25
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -q -m "not clean_clone"
