@@ -143,6 +143,17 @@ def test_backward_large_head_dims(D):
         assert max(run_backward(attention_backward, q, k, v, do, False)) < TOL[torch.float16]
 
 
+
+@GPU
+@pytest.mark.xfail(strict=True, reason="known defect, found in the H200 recording of fast_backward_vs_sdpa "
+                   "(2026-12-01): the teaching backward's dK at D = 128, non-causal, has a relative error of "
+                   "about 7e-3 in float16 (dQ, dV, causal problems, D = 64 and the fast backward are at 3e-4); "
+                   "the interpreter does not show it. Diagnose with tools/diagnose_teaching_dk.py.")
+def test_teaching_backward_d128_over_several_key_blocks():
+    # N = 1024: every program walks many Q blocks (the test above, N = 20, runs one loop iteration)
+    q, k, v, do = make_inputs(2, 4, 4, 1024, 1024, 128, torch.float16, seed=128)
+    assert max(run_backward(attention_backward, q, k, v, do, False)) < TOL[torch.float16]
+
 def test_fast_backward_keys_no_query_sees_get_zero_gradients():
     q, k, v, do = make_inputs(1, 2, 1, 20, 90, 32, torch.float32, seed=1)
     o64, lse64, *_ = reference_grads(q, k, v, do, True)

@@ -71,9 +71,10 @@ def test_roofline_point():
 
 def test_plot_roofline_legend_mode_ties_and_requested_lines():
     hw = hardware.hardware_numbers("recorded")
-    points = [dram.roofline_point(f"fast D={D}", "fast", tflops=t, **{**FULL, "D": D}, block_m=128, block_n=128)
-              for D, t in ((64, 450.0), (128, 590.0))]
-    points.append(dram.roofline_point("SDPA D=64", "sdpa", tflops=440.0, **FULL))
+    # compulsory bytes (no recording for this GPU), so that fast D=64 and SDPA D=64 tie on intensity
+    points = [dram.roofline_point(f"fast D={D}", "fast", tflops=t, **{**FULL, "D": D}, block_m=128, block_n=128,
+                                  gpu="no such gpu") for D, t in ((64, 450.0), (128, 590.0))]
+    points.append(dram.roofline_point("SDPA D=64", "sdpa", tflops=440.0, **FULL, gpu="no such gpu"))
     fig = plots.plot_roofline(points, hw, roofs=("float16",), labels="legend")
     ax = fig.axes[0]
     markers = [line for line in ax.get_lines() if line.get_label() in ("fast D=64", "fast D=128", "SDPA D=64")]

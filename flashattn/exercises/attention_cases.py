@@ -43,6 +43,15 @@ class Case:
         return 1.0 / math.sqrt(self.D)
 
 
+# Problems that more than one kernel check runs (the scores, v1 and v2 kernels), each at the same place in
+# its list, ordered so that one kind of mistake shows at a time
+ONE_HEAD = Case("one head, N a multiple of both blocks", 1, 1, 64, 16, False)
+FIRST_CASES = (ONE_HEAD, Case("N not a multiple of the blocks, B and H > 1", 2, 3, 50, 16, False),
+               Case("causal", 2, 2, 50, 16, True))  # the first three of the scores and v2 checks
+N_IS_ONE = Case("N = 1", 1, 2, 1, 16, True)
+LARGE_SCORES = Case("large scores (q × 40, row maxima up to about 150)", 1, 2, 50, 16, False, q_scale=40.0)
+
+
 def random_qkv(case: Case, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fresh float64 q, k, v (B, H, N, D), rounded to the case's dtype (so the reference sees the same numbers)."""
     gen = torch.Generator().manual_seed(seed)

@@ -17,7 +17,6 @@ still ``pass`` is "not attempted yet".
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -26,33 +25,19 @@ import triton.language as tl
 from flashattn import runtime
 
 from ._check import ExerciseFailed, exercise
+from .attention_cases import Case
 from .triton_check import Buffer, check_writes, close, launch, require_jit, tolerance
 
 BLOCK = 32  # BLOCK_M = BLOCK_N: a row/column mix-up then runs, and the models can name it
 D = 16      # not the block size: a missing transpose fails to compile instead of mixing D with keys
 
 
-@dataclass(frozen=True)
-class Case:
-    label: str
-    B: int
-    H: int
-    N: int
-    causal: bool
-    dtype: torch.dtype = torch.float32
-    q_scale: float = 1.0
-
-    def text(self) -> str:
-        return (f"[{self.label}] B={self.B}, H={self.H}, N={self.N}, D={D}, causal={self.causal}, "
-                f"{str(self.dtype).replace('torch.', '')}")
-
-
 CASES = (
-    Case("one head, whole tiles", 1, 1, 64, False),
-    Case("ragged N, B and H > 1", 2, 2, 50, False),
-    Case("causal", 1, 2, 64, True),
-    Case("causal, ragged, large scores", 2, 1, 45, True, q_scale=3.0),
-    Case("float16", 1, 2, 40, True, torch.float16),
+    Case("one head, whole tiles", 1, 1, 64, D, False),
+    Case("ragged N, B and H > 1", 2, 2, 50, D, False),
+    Case("causal", 1, 2, 64, D, True),
+    Case("causal, ragged, large scores", 2, 1, 45, D, True, q_scale=3.0),
+    Case("float16", 1, 2, 40, D, True, torch.float16),
 )
 
 

@@ -7,7 +7,8 @@
 
 Each check runs the learner's function on fresh random inputs whose length is not a multiple of the
 block, compares it with the float64 reference, and, when it is wrong, compares it with "mistake
-models" (the same algorithm with one classic mistake in it) to say which mistake it looks like.
+models" (the same algorithm with one classic mistake in it: ``flash_models``) to say which mistake it
+looks like.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from flashattn.reference import reference
 
 from ._check import ExerciseFailed, call, exercise, rel_error
+from .flash_models import V1_SWITCHES, V2_SWITCHES, v1_tile_model, v2_tile_model
 
 TOL = 1e-4  # float32 arithmetic gives ~1e-7; every mistake model is off by far more than this
 
@@ -68,100 +70,57 @@ def _factor(out_row: torch.Tensor, ref_row: torch.Tensor) -> float | None:
 # Exercise 1 (notebook 05): FlashAttention-2 for one head, streaming over K/V blocks
 
 
-def flash_v2_model(q, k, v, block_n: int, causal: bool, *, rescale_acc=True, rescale_l=True,
-                   normalize="end", tail=True, fa1_exponent=False, exponent="new", update_max=True,
-                   scale=None) -> torch.Tensor:
-    """The v2 loop for one head in float64, with switches that put in one classic mistake.
-
-    normalize: "end" (divide once after the loop, correct), "never" (forget the final division),
-    "every_step" (divide acc by li_new at every step without multiplying the old li back, and
-    nothing at the end), "every_step_and_end" (the same, and the final division as well).
-    tail: True (the last, shorter block is used), False (it is dropped), "zero" (k and v padded with
-    zero rows to a multiple of block_n, and the padded keys' scores, 0, left unmasked).
-    fa1_exponent: exponentiate against each block's own row max (FA1 form) with no guard, which
-    gives NaN for a row that is fully masked inside a block.
-    exponent="old": exponentiate against the running max from before the block (-inf at the first:
-    NaN), "old_guarded": the same with -inf replaced by 0. update_max=False: mi is never assigned.
-    """
-    q, k, v = (t.double() for t in (q, k, v))
-    N, D = q.shape
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    mi = torch.full((N,), float("-inf"), dtype=torch.float64)
-    li = torch.zeros(N, dtype=torch.float64)
-    acc = torch.zeros(N, D, dtype=torch.float64)
-    rows = torch.arange(N)[:, None]
-    end = N if tail else N - N % block_n
-    if tail == "zero":
-        pad = torch.zeros((-N) % block_n, D, dtype=torch.float64)
-        k, v, end = torch.cat([k, pad]), torch.cat([v, pad]), N + len(pad)
-    for start in range(0, end, block_n):
-        kj, vj = k[start:start + block_n], v[start:start + block_n]
-        sij = (q @ kj.T) * scale
-        if causal:
-            sij = sij.masked_fill(start + torch.arange(kj.shape[0])[None, :] > rows, float("-inf"))
-        mij = sij.amax(dim=-1)
-        mi_new = torch.maximum(mi, mij)
-        alpha = torch.exp(mi - mi_new)
-        if fa1_exponent:
-            pij = torch.exp(sij - mij[:, None])
-            beta = torch.exp(mij - mi_new)
-            pv, rowsum = beta[:, None] * (pij @ vj), beta * pij.sum(-1)
-        else:
-            against = {"new": mi_new, "old": mi, "old_guarded": torch.where(torch.isneginf(mi), 0.0, mi)}[exponent]
-            pij = torch.exp(sij - against[:, None])
-            pv, rowsum = pij @ vj, pij.sum(-1)
-        li_new = (alpha * li if rescale_l else li) + rowsum
-        acc = (alpha[:, None] * acc if rescale_acc else acc) + pv
-        if normalize in ("every_step", "every_step_and_end"):
-            acc = acc / li_new[:, None]
-        mi, li = (mi_new if update_max else mi), li_new
-    if normalize in ("end", "every_step_and_end"):
-        acc = acc / li[:, None]
-    return acc
+def _v2_model(q, k, v, block_n: int, causal: bool, **switches) -> torch.Tensor:
+    """The v2 loop for one head (N, D) in float64, all N queries in one tile, with ``switches`` (a mistake of
+    ``V2_SWITCHES``) put in."""
+    q, k, v = (t.double()[None] for t in (q, k, v))
+    N, D = q.shape[1:]
+    return v2_tile_model(q, k, v, causal, N, block_n, 1.0 / math.sqrt(D), **switches)[0]
 
 
-# name, model switches, diagnosis ({row}, {how}, {case}, {tail} are filled in); NaN-producing models
-# are matched NaN for NaN, so the first ones here are recognised before any generic NaN message
-V2_MISTAKES = (
-    ("exp_old_max", dict(exponent="old"),
-     "every row is NaN ({case}): you exponentiate the scores against mi, the running max from *before* this "
-     "block, which is -inf at the first block: exp(sij - (-inf)) = inf. Compute mi_new = max(mi, rowmax(sij)) "
-     "first and use pij = exp(sij - mi_new[:, None])."),
-    ("exp_old_max_guarded", dict(exponent="old_guarded"),
-     "row {row} {how} ({case}): you exponentiate the scores against the running max from before this block "
-     "(and 0 at the first). pij must be exp(sij - mi_new) with mi_new = max(mi, rowmax(sij)), the max that "
-     "includes this block: then every exponent is <= 0 and alpha = exp(mi - mi_new) rescales the old state."),
-    ("max_never_updated", dict(update_max=False),
-     "row {row} {how} ({case}): only the last block counts. mi is never updated (mi = mi_new is missing), so "
-     "it stays -inf, alpha = exp(-inf - mi_new) = 0 at every step and the state is wiped each time."),
-    ("zero_padded_tail", dict(tail="zero"),
-     "row {row} {how} ({case}): the last block was filled up with zero keys to block_n, and their scores "
-     "(0, not -inf) count: each adds exp(0 - mi_new) to li. Keys past N must get the score -inf (or use a "
-     "shorter last block, k[start:start + block_n])."),
-    ("missing_alpha_acc", dict(rescale_acc=False),
-     "row {row} {how} ({case}): did you rescale the accumulator by "
-     "alpha = exp(mi - mi_new) before adding pij @ vj? When the running max grows, what acc holds "
-     "was weighted against the old max."),
-    ("missing_alpha_l", dict(rescale_l=False),
-     "row {row} {how} ({case}): did you rescale li by alpha? "
-     "li = alpha * li + pij.sum(-1): the old sum was taken against the old max, like acc."),
-    ("missing_alpha_both", dict(rescale_acc=False, rescale_l=False),
-     "row {row} {how} ({case}): neither acc nor li is rescaled when the running max grows; "
-     "multiply both by alpha = exp(mi - mi_new) before adding the new block."),
-    ("no_final_division", dict(normalize="never"),
-     "row {row} {how} ({case}), which is that row's softmax denominator: "
-     "did you divide acc by li once after the loop?"),
-    ("divide_every_step", dict(normalize="every_step"),
-     "row {row} {how} ({case}): you divide acc by li_new at every step without undoing the "
-     "previous division. Either keep acc unnormalized and divide once at the end (v2), or multiply "
-     "the old li back in before adding: acc = (alpha * li * acc + pij @ vj) / li_new (v1)."),
-    ("divide_every_step_and_end", dict(normalize="every_step_and_end"),
-     "row {row} {how} ({case}): acc is divided by li_new at every step and again at the end. "
-     "In the v2 form acc stays unnormalized inside the loop: divide once, after it."),
-    ("dropped_tail", dict(tail=False),
-     "row {row} {how} ({case}): the last {tail} keys are never used. N is not a multiple of "
-     "block_n; loop with range(0, N, block_n) and let the last block be shorter."),
-)
+# mistake (flash_models.V2_SWITCHES) -> diagnosis ({row}, {how}, {case}, {tail} are filled in), in the order
+# tried; NaN-producing models are matched NaN for NaN, so the first ones here are recognised before any
+# generic NaN message
+V2_MESSAGES = {
+    "exp_old_max":
+        "every row is NaN ({case}): you exponentiate the scores against mi, the running max from *before* this "
+        "block, which is -inf at the first block: exp(sij - (-inf)) = inf. Compute mi_new = max(mi, rowmax(sij)) "
+        "first and use pij = exp(sij - mi_new[:, None]).",
+    "exp_old_max_guarded":
+        "row {row} {how} ({case}): you exponentiate the scores against the running max from before this block "
+        "(and 0 at the first). pij must be exp(sij - mi_new) with mi_new = max(mi, rowmax(sij)), the max that "
+        "includes this block: then every exponent is <= 0 and alpha = exp(mi - mi_new) rescales the old state.",
+    "max_never_updated":
+        "row {row} {how} ({case}): only the last block counts. mi is never updated (mi = mi_new is missing), so "
+        "it stays -inf, alpha = exp(-inf - mi_new) = 0 at every step and the state is wiped each time.",
+    "unmasked_tail":
+        "row {row} {how} ({case}): the last block was filled up with zero keys to block_n, and their scores "
+        "(0, not -inf) count: each adds exp(0 - mi_new) to li. Keys past N must get the score -inf (or use a "
+        "shorter last block, k[start:start + block_n]).",
+    "missing_alpha_acc":
+        "row {row} {how} ({case}): did you rescale the accumulator by "
+        "alpha = exp(mi - mi_new) before adding pij @ vj? When the running max grows, what acc holds "
+        "was weighted against the old max.",
+    "missing_alpha_l":
+        "row {row} {how} ({case}): did you rescale li by alpha? "
+        "li = alpha * li + pij.sum(-1): the old sum was taken against the old max, like acc.",
+    "missing_alpha_both":
+        "row {row} {how} ({case}): neither acc nor li is rescaled when the running max grows; "
+        "multiply both by alpha = exp(mi - mi_new) before adding the new block.",
+    "no_final_division":
+        "row {row} {how} ({case}), which is that row's softmax denominator: "
+        "did you divide acc by li once after the loop?",
+    "divide_every_step":
+        "row {row} {how} ({case}): you divide acc by li_new at every step without undoing the "
+        "previous division. Either keep acc unnormalized and divide once at the end (v2), or multiply "
+        "the old li back in before adding: acc = (alpha * li * acc + pij @ vj) / li_new (v1).",
+    "divide_every_step_and_end":
+        "row {row} {how} ({case}): acc is divided by li_new at every step and again at the end. "
+        "In the v2 form acc stays unnormalized inside the loop: divide once, after it.",
+    "dropped_tail":
+        "row {row} {how} ({case}): the last {tail} keys are never used. N is not a multiple of "
+        "block_n; loop with range(0, N, block_n) and let the last block be shorter.",
+}
 
 
 def _v2_cases():
@@ -202,8 +161,8 @@ def _diagnose_v2(case, out, ref, q, k, v, passed):
     row = bad_rows[0]
     factor = _factor(out[row], ref[row]) if torch.isfinite(out[row]).all() else None
     how = f"is off by a factor of {factor:.4g}" if factor is not None else "is wrong"
-    for _name, switches, message in V2_MISTAKES:
-        model = flash_v2_model(q, k, v, block_n, causal, **switches)
+    for name, message in V2_MESSAGES.items():
+        model = _v2_model(q, k, v, block_n, causal, **V2_SWITCHES[name])
         if not _same(ref, model) and _same(out, model):
             raise ExerciseFailed(message.format(row=row, how=how, case=text, tail=N % block_n))
     bad = _nonfinite_rows(out)
@@ -218,7 +177,7 @@ def _diagnose_v2(case, out, ref, q, k, v, passed):
                "Check the initial state (mi = -inf, li = 0, acc = 0) and that you never divide by 0.")
         )
     precision = _precision_message(
-        out, ref, lambda dtype: flash_v2_model(*(t.to(dtype) for t in (q, k, v)), block_n, causal), text)
+        out, ref, lambda dtype: _v2_model(*(t.to(dtype) for t in (q, k, v)), block_n, causal), text)
     if precision:
         raise ExerciseFailed(precision)
     if causal and any(not c for (_, _, _, c) in passed):
@@ -259,55 +218,32 @@ def check_flash_v2(fn) -> str:
 # Exercise 2 (notebook 04): one FlashAttention-1 update, the state kept normalized
 
 
-def flash_v1_step_model(qi, kj, vj, oi, li, mi, scale, *, beta_in_o=True, beta_in_l=True, alpha=True,
-                        division="undo") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The FA1 update in float64, with switches that put in one classic mistake.
-
-    division: "undo" (correct: (alpha·li·oi + beta·pv) / li_new), "none" (no division:
-    alpha·li·oi + beta·pv), "no_undo" ((alpha·oi + beta·pv) / li_new: the old normalization is never
-    undone), "old_l" (divides by the old li instead of li_new).
-    """
-    qi, kj, vj, oi, li, mi = (t.double() for t in (qi, kj, vj, oi, li, mi))
-    sij = (qi @ kj.T) * scale
-    mij = sij.amax(dim=-1)
-    pij = torch.exp(sij - mij[:, None])
-    lij = pij.sum(-1)
-    mi_new = torch.maximum(mi, mij)
-    a = torch.exp(mi - mi_new) if alpha else torch.ones_like(mi)
-    b = torch.exp(mij - mi_new)
-    li_new = a * li + (b if beta_in_l else 1.0) * lij
-    pv = (b[:, None] if beta_in_o else 1.0) * (pij @ vj)
-    if division == "undo":
-        oi_new = (a[:, None] * li[:, None] * oi + pv) / li_new[:, None]
-    elif division == "none":
-        oi_new = a[:, None] * li[:, None] * oi + pv
-    elif division == "no_undo":
-        oi_new = (a[:, None] * oi + pv) / li_new[:, None]
-    else:  # "old_l"
-        oi_new = (a[:, None] * li[:, None] * oi + pv) / li[:, None]
-    return oi_new, li_new, mi_new
+def _v1_model(q, k, v, block_m: int, block_n: int, scale: float, **switches) -> torch.Tensor:
+    """The v1 loop for one head (N, D) in float64 with ``switches`` (a mistake of ``V1_SWITCHES``) put in."""
+    q, k, v = (t.double()[None] for t in (q, k, v))
+    return v1_tile_model(q, k, v, False, block_m, block_n, scale, **switches)[0]
 
 
-V1_MISTAKES = (
-    ("missing_beta_o", dict(beta_in_o=False),
-     "row {row} of O is wrong ({case}): did you multiply pij @ vj by beta = exp(mij - mi_new)? pij was "
-     "exponentiated against the block's own max mij, so it must be brought to the new max mi_new."),
-    ("missing_beta_l", dict(beta_in_l=False),
-     "row {row} {how} ({case}): li_new = alpha * li + beta * lij: the block's sum lij is taken against "
-     "its own max mij and needs beta = exp(mij - mi_new) too."),
-    ("missing_beta_both", dict(beta_in_o=False, beta_in_l=False),
-     "row {row} {how} ({case}): beta = exp(mij - mi_new) is missing from both li_new and the new "
-     "term of O."),
-    ("missing_alpha", dict(alpha=False),
-     "row {row} {how} ({case}): did you rescale the old state by alpha = exp(mi - mi_new)? Both li "
-     "and the old O were weighted against the old max."),
-    ("no_division", dict(division="none"),
-     "row {row} {how} ({case}): O is never divided by li_new. In the v1 form O is kept normalized: "
-     "oi_new = (alpha * li * oi + beta * pij @ vj) / li_new at every step."),
-    ("no_undo", dict(division="no_undo"),
-     "row {row} {how} ({case}): the old O is already divided by li; multiply it back by li before "
-     "adding the new block: oi_new = (alpha * li * oi + beta * pij @ vj) / li_new."),
-)
+V1_MESSAGES = {  # mistake (flash_models.V1_SWITCHES) -> diagnosis, in the order tried
+    "missing_beta_o":
+        "row {row} of O is wrong ({case}): did you multiply pij @ vj by beta = exp(mij - mi_new)? pij was "
+        "exponentiated against the block's own max mij, so it must be brought to the new max mi_new.",
+    "missing_beta_l":
+        "row {row} {how} ({case}): li_new = alpha * li + beta * lij: the block's sum lij is taken against "
+        "its own max mij and needs beta = exp(mij - mi_new) too.",
+    "missing_beta_both":
+        "row {row} {how} ({case}): beta = exp(mij - mi_new) is missing from both li_new and the new "
+        "term of O.",
+    "missing_alpha":
+        "row {row} {how} ({case}): did you rescale the old state by alpha = exp(mi - mi_new)? Both li "
+        "and the old O were weighted against the old max.",
+    "no_division":
+        "row {row} {how} ({case}): O is never divided by li_new. In the v1 form O is kept normalized: "
+        "oi_new = (alpha * li * oi + beta * pij @ vj) / li_new at every step.",
+    "no_undo":
+        "row {row} {how} ({case}): the old O is already divided by li; multiply it back by li before "
+        "adding the new block: oi_new = (alpha * li * oi + beta * pij @ vj) / li_new.",
+}
 
 
 def _run_v1(step, q, k, v, block_m, block_n, scale):
@@ -355,17 +291,13 @@ def check_flash_v1_step(fn) -> str:
         row = _bad_rows(o, ref)[0]
         factor = _factor(o[row], ref[row])
         how = f"is off by a factor of {factor:.4g}" if factor is not None else "is wrong"
-        for _name, switches, message in V1_MISTAKES:
-            def model(*args, switches=switches):
-                return flash_v1_step_model(*args, **switches)
-
-            mo, _, _ = _run_v1(model, q.double(), k.double(), v.double(), block_m, block_n, scale)
+        for name, message in V1_MESSAGES.items():
+            mo = _v1_model(q, k, v, block_m, block_n, scale, **V1_SWITCHES[name])
             if rel_error(mo, ref) > TOL and rel_error(o, mo) <= TOL:
                 raise ExerciseFailed(message.format(row=row, how=how, case=case))
 
         def rounded_run(dtype):
-            qkv = (t.to(dtype).double() for t in (q, k, v))
-            return _run_v1(flash_v1_step_model, *qkv, block_m, block_n, scale)[0]
+            return _v1_model(*(t.to(dtype) for t in (q, k, v)), block_m, block_n, scale)
 
         precision = _precision_message(o, ref, rounded_run, case)
         if precision:

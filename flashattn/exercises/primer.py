@@ -19,16 +19,7 @@ import triton
 from flashattn import runtime
 
 from ._check import ExerciseFailed, call, exercise
-from .triton_check import (
-    Buffer,
-    check_writes,
-    close,
-    launch,
-    near_miss_hint,
-    require_jit,
-    require_masks,
-    tolerance,
-)
+from .triton_check import Buffer, check_writes, close, launch, near_miss_hint, require_jit, require_masks, tolerance
 
 NAN = float("nan")
 

@@ -17,7 +17,17 @@ import triton
 import triton.language as tl
 
 from ._check import ExerciseFailed, exercise
-from .attention_cases import OFFSETS_ADVICE, Case, fail, input_buffer, input_buffers, per_head_hint, random_qkv
+from .attention_cases import (
+    FIRST_CASES,
+    N_IS_ONE,
+    OFFSETS_ADVICE,
+    Case,
+    fail,
+    input_buffer,
+    input_buffers,
+    per_head_hint,
+    random_qkv,
+)
 from .triton_check import (
     Buffer,
     check_writes,
@@ -70,11 +80,9 @@ def _score_models(case: Case, q, k):
 
 
 SCORE_CASES = (
-    Case("one head, N a multiple of both blocks", 1, 1, 64, 16, False),
-    Case("N not a multiple of the blocks, B and H > 1", 2, 3, 50, 16, False),
-    Case("causal", 2, 2, 50, 16, True),
+    *FIRST_CASES,
     Case("q and k non-contiguous, each with its own strides", 2, 2, 17, 16, True, layout="mixed"),
-    Case("N = 1", 1, 2, 1, 16, True),
+    N_IS_ONE,
     Case("float16", 1, 2, 100, 16, True, torch.float16, "mixed"),
 )
 

@@ -44,31 +44,44 @@ RESOURCES = ("TMA", "tensor cores", "softmax units")
 
 # --- the operations ---------------------------------------------------------------------------------------
 
+class _Op:
+    """An operation; ``TEXT``, with its fields in braces, says it in words (``str(op)``)."""
+
+    TEXT = ""
+
+    def __str__(self):
+        return self.TEXT.format(**vars(self))
+
+
 @dataclasses.dataclass(frozen=True)
-class Wait:
+class Wait(_Op):
     """``mbarrier.wait(barrier[index], phase)``: block until the phase of this parity has completed."""
 
+    TEXT = "wait {barrier}[{index}] phase {phase}"
     barrier: str
     index: int
     phase: int
 
-    def __str__(self):
-        return f"wait {self.barrier}[{self.index}] phase {self.phase}"
-
 
 @dataclasses.dataclass(frozen=True)
-class Arrive:
+class Arrive(_Op):
     """``mbarrier.arrive(barrier[index])``: one arrival (a consumer releasing a slot)."""
 
+    TEXT = "arrive {barrier}[{index}]"
     barrier: str
     index: int
 
-    def __str__(self):
-        return f"arrive {self.barrier}[{self.index}]"
+
+@dataclasses.dataclass(frozen=True)
+class MmaWait(_Op):
+    """``warpgroup_mma_wait(pending)``: block until at most ``pending`` of this warpgroup's products still run."""
+
+    TEXT = "wait until <= {pending} products run"
+    pending: int
 
 
 @dataclasses.dataclass(frozen=True)
-class Load:
+class Load(_Op):
     """``mbarrier.expect`` + a TMA copy of one tile into slot ``slot`` of the ``tensor`` ring ("Q", "K" or "V");
     when it lands, it arrives on ``<tensor>_ready[slot]``. ``block``: the key block (K, V) of tile ``tile``."""
 
@@ -83,59 +96,43 @@ class Load:
 
 
 @dataclasses.dataclass(frozen=True)
-class Mma:
+class Mma(_Op):
     """``warpgroup_mma(..., is_async=True)``: issue a product that reads slot ``slot``: "QK" (scores of key block
     ``block``, from the K ring and this warpgroup's Q) or "PV" (``acc += p · v``, from the V ring)."""
 
+    TEXT = "issue {product}{block} (slot {slot})"
     product: str
     slot: int
     tile: int
     block: int
 
-    def __str__(self):
-        return f"issue {self.product}{self.block} (slot {self.slot})"
-
 
 @dataclasses.dataclass(frozen=True)
-class MmaWait:
-    """``warpgroup_mma_wait(pending)``: block until at most ``pending`` of this warpgroup's products still run."""
+class _BlockWork(_Op):
+    """Work of one warpgroup on key block ``block`` of tile ``tile``, on the softmax units."""
 
-    pending: int
-
-    def __str__(self):
-        return f"wait until <= {self.pending} products run"
+    tile: int
+    block: int
 
 
-@dataclasses.dataclass(frozen=True)
-class Softmax:
+class Softmax(_BlockWork):
     """Block ``block``'s online softmax (``_softmax``): exponentials and sums, on the softmax units."""
 
-    tile: int
-    block: int
-
-    def __str__(self):
-        return f"softmax {self.block}"
+    TEXT = "softmax {block}"
 
 
-@dataclasses.dataclass(frozen=True)
-class Rescale:
+class Rescale(_BlockWork):
     """``acc *= alpha`` after block ``block``'s softmax (FMA units)."""
 
-    tile: int
-    block: int
-
-    def __str__(self):
-        return f"rescale acc ({self.block})"
+    TEXT = "rescale acc ({block})"
 
 
 @dataclasses.dataclass(frozen=True)
-class Store:
+class Store(_Op):
     """Normalize and store the warpgroup's rows of tile ``tile`` (``_store``)."""
 
+    TEXT = "store tile {tile}"
     tile: int
-
-    def __str__(self):
-        return f"store tile {self.tile}"
 
 
 # --- the kernel's loops as programs --------------------------------------------------------------------------
