@@ -311,7 +311,7 @@ def test_autotuned_on_gpu(D, causal, dtype):
 def test_decoder_shapes_on_gpu(D, dtype, causal):
     """L != S and grouped heads on the Triton kernel (TMA where D allows it), output and log-sum-exp; fixed tiles
     here (each autotuning candidate is checked by test_every_tuning_config_on_gpu, the autotuned decoder shapes
-    at full size by scratch/gpu/fast/probe.py)."""
+    at full size by tools/gpu/fast/probe.py)."""
     tiles = dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
     for L, S in ((300, 1000), (1000, 300)):
         q, k, v = decoder_qkv(2, 8, 2, L, S, D, dtype, seed=L + D)

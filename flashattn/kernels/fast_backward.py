@@ -237,7 +237,7 @@ DEFAULT_DQ_MODE = "kernel"  # on a GPU; the interpreter runs "atomic": one kerne
 # with atomic dQ), the dQ kernel one (BLOCK_M, D); the score tiles it transposes hold a column's lse and
 # delta in every thread. So at D = 128 only 8-warp programs of at most 64 keys stay in registers. Each
 # configuration compiles for sm_90 without spilling registers (or, marked "spills", a few dozen bytes); the
-# H200 timings behind the choice come from scratch/gpu/backward/probe.py.
+# H200 timings behind the choice come from tools/gpu/backward/probe.py.
 DKDV_SPACE = {
     16: [(64, 128, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
     32: [(64, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3)],
