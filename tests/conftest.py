@@ -1,7 +1,8 @@
 """Test settings shared by every test file, and what the GPU suite needs to be practical (``make gpu-test``).
 
-* pytest-xdist workers on a machine with several GPUs (``pytest -n 2``): each worker is pinned to its own
-  GPU through ``CUDA_VISIBLE_DEVICES``, set here before anything imports torch.
+* pytest-xdist workers (``pytest -n 12``; ``make gpu-test`` uses three quarters of the cores): with several
+  GPUs each worker is pinned to one of them in turn through ``CUDA_VISIBLE_DEVICES``, set here before anything
+  imports torch; with one GPU they share it (most of the suite's time is compiling kernels on the CPU).
 * ``--gpu-part K/N``: run the K-th of N parts of the suite (whole test files, balanced by the seconds
   ``tests/gpu_durations.json`` records per file, or by their number of tests where it has none), so that
   the GPU suite fits runs of ten minutes each: ``make gpu-test PART=1`` then ``PART=2``.

@@ -15,6 +15,7 @@ blocked and recorded, loads every page, typesets its math and logs no error.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import re
@@ -126,6 +127,9 @@ def _source(tmp: Path) -> Path:
 @pytest.fixture(scope="module")
 def book(tmp_path_factory) -> dict:
     """The built book: ``{"dir", "source", "info", "pages": {name: Page}}``."""
+    missing = [m for m in ("nbconvert", "jupyter_server_mathjax") if importlib.util.find_spec(m) is None]
+    if missing and not os.environ.get("FLASHATTN_BOOK_DIR"):
+        pytest.skip(f"building the book needs {', '.join(missing)} (make setup installs them with the lab extras)")
     if os.environ.get("FLASHATTN_BOOK_DIR"):
         out = Path(os.environ["FLASHATTN_BOOK_DIR"]).resolve()
         source = Path(json.loads((out / "_build.json").read_text())["source"])
@@ -153,7 +157,7 @@ def has_math(source: Path, name: str) -> bool:
 
 
 def notebooks(source: Path) -> list[Path]:
-    return sorted((source / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    return sorted((source / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 
 def test_make_book_runs_the_builder():
@@ -172,7 +176,7 @@ def test_every_notebook_has_a_page_in_order(book):
     assert set(book["pages"]) == {"index", *names}
     index = book["pages"]["index"].path.read_text(encoding="utf-8")
     assert 'id="contents"' in index, "the landing page has no contents"
-    contents = re.findall(r'href="(\d\d_\w+\.html)"', index.split('id="contents"', 1)[1].split("</ol>", 1)[0])
+    contents = re.findall(r'href="(\d\d[a-z]?_\w+\.html)"', index.split('id="contents"', 1)[1].split("</ol>", 1)[0])
     assert contents == [f"{name}.html" for name in names]  # the contents: every notebook, in order
     readme_title = (book["source"] / "README.md").read_text().splitlines()[0].lstrip("# ")
     assert readme_title in "".join(book["pages"]["index"].text)

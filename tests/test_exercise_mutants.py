@@ -19,9 +19,10 @@ EXERCISES = {
                    ("my_scaled_add_kernel", "my_scaled_add"), primer.check_scaled_add),
     "transpose": ("01_triton_primer", ("my_transpose_kernel_solution",), ("my_transpose_kernel",),
                   primer.check_transpose),
-    "row_softmax": ("01_triton_primer", ("my_softmax_kernel_solution",), ("my_softmax_kernel",),
+    "row_softmax": ("01b_triton_reductions_and_dot", ("my_softmax_kernel_solution",), ("my_softmax_kernel",),
                     primer.check_row_softmax),
-    "matmul": ("01_triton_primer", ("my_matmul_kernel_solution",), ("my_matmul_kernel",), primer.check_matmul),
+    "matmul": ("01b_triton_reductions_and_dot", ("my_matmul_kernel_solution",), ("my_matmul_kernel",),
+               primer.check_matmul),
     "scores": ("02_naive_attention", ("my_scores_kernel_solution",), ("my_scores_kernel",),
                scores.check_scores_kernel),
     "v1_update": ("04_flashattention_v1", ("my_v1_update_solution",), ("my_v1_update",),
@@ -60,7 +61,7 @@ MUTANTS = [
      "cols[:, None] * stride_yn + rows[None, :] * stride_ym", "copied without being turned around"),
     ("transpose", "y_assumes_contiguous", "cols[:, None] * stride_ym", "cols[:, None] * M",
      "you stored Y as if its rows were M"),
-    # --- 01: softmax of each row
+    # --- 01b: softmax of each row
     ("row_softmax", "other_zero", 'other=float("-inf")', "other=0.0", r"loaded as 0\.0 and counted"),
     ("row_softmax", "load_unmasked", ', mask=cols < n_cols, other=float("-inf"))', ")", "every row has NaN"),
     ("row_softmax", "no_max", "tl.exp(x - tl.max(x, axis=0))", "tl.exp(x)", "Subtract the row max"),
@@ -69,7 +70,7 @@ MUTANTS = [
     ("row_softmax", "store_unmasked", "e / tl.sum(e, axis=0), mask=cols < n_cols)", "e / tl.sum(e, axis=0))",
      "outside Y"),
     ("row_softmax", "no_division", "e / tl.sum(e, axis=0), mask", "e, mask", "not 1: divide by the sum"),
-    # --- 01: C = A·B
+    # --- 01b: C = A·B
     ("matmul", "k_unmasked", "mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0",
      "mask=rows[:, None] < M, other=0.0", "read past K"),
     ("matmul", "k_not_advanced", "ks = start_k + tl.arange(0, BLOCK_K)", "ks = tl.arange(0, BLOCK_K)",

@@ -11,6 +11,7 @@ from flashattn import runtime
 from flashattn.exercises import ExerciseFailed
 from flashattn.exercises._check import _NotAttempted
 from flashattn.exercises.triton_check import (
+    describe_error,
     SENTINEL,
     Buffer,
     check_writes,
@@ -91,7 +92,7 @@ def test_buffer_layouts_and_numbered_memory():
     assert x.index_of(1.0) is None and "before the start" in x.origin(1.0)
     values = torch.randn(2, 3)
     y = Buffer((2, 3), torch.float16, fill=float("nan"), values=values)
-    assert torch.equal(y.view.float(), values.half().float()) and torch.isnan(y.flat[: y.guard]).all()
+    assert torch.equal(y.view.float().cpu(), values.half().float()) and torch.isnan(y.flat[: y.guard]).all()
 
 
 def test_close_compares_nan_and_infinity_positions():
@@ -106,3 +107,17 @@ def test_launch_names_the_case_and_gives_a_hint():
     x = torch.zeros(8, device=runtime.DEVICE)
     with pytest.raises(ExerciseFailed, match=r"(?s)case 7: your kernel raised .*Hint: tl.arange needs constexpr"):
         launch(arange_of_n_kernel, (1,), x, 8, where="case 7")
+
+
+def test_an_error_inside_a_called_jit_function_is_reported_from_the_inside():
+    """Compiled for a GPU, an error in the learner's step (a jit function the course's kernel calls) is raised at
+    the call site, from the inner error: the report shows the inner line and reason, and the hint follows it."""
+    try:
+        try:
+            raise AssertionError("Both operands must be same dtype. Got fp32 and fp16")
+        except AssertionError as inner:
+            raise RuntimeError("at 12:8:\n    dsij = DS_STEP(qi, kj, vj)\n           ^") from inner
+    except RuntimeError as outer:
+        text = describe_error(outer)
+    assert "DS_STEP(qi, kj, vj)" in text and "same dtype" in text and "convert the float32 one" in text, text
+    assert text.startswith("your kernel raised AssertionError")

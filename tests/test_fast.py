@@ -249,6 +249,9 @@ def test_causal_candidates_are_pruned():
     causal = fast_launch.candidates(base, 64, torch.float16, causal=True)
     assert causal and all(c.consumers != 3 and not c.autotune for c in causal)
     assert any(c.consumers == 3 for c in fast_launch.candidates(base, 64, torch.float16, causal=False))
+    # the Gluon kernel masks any key block that crosses the diagonal: its 128-key, two-consumer programs stay
+    assert any(c.block_n > c.block_m and c.schedule != "single"
+               for c in fast_launch.candidates(base, 128, torch.float16, causal=True))
     triton_base = FastOptions(gluon=False, autotune=True, block_m=64, block_n=64, num_warps=4, num_stages=2)
     assert all(c.block_n <= c.block_m for c in fast_launch.candidates(triton_base, 64, torch.float16, causal=True))
 

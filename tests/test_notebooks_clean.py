@@ -7,6 +7,7 @@ copied into a fresh git repository, every notebook is executed there by nbmake w
 on a GPU the notebooks take their live paths, which once saved measurements over committed figures.
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -46,8 +47,11 @@ def test_executing_every_notebook_writes_nothing_tracked(tmp_path):
     assert Path(where).is_relative_to(clone), f"the notebooks would import {where}, not the copy's flashattn"
     notebooks = sorted(str(p.relative_to(clone)) for p in (clone / "notebooks").glob("*.ipynb"))
     assert notebooks, "no notebooks found"
+    # with pytest-xdist and cores to spare (a GPU machine), several notebooks at a time
+    workers = min(4, (os.cpu_count() or 1) // 4) if importlib.util.find_spec("xdist") else 0
     run = subprocess.run([sys.executable, "-m", "pytest", "--nbmake", "--nbmake-timeout=900", "-q",
-                          "-p", "no:cacheprovider", *notebooks], cwd=clone, env=env, capture_output=True, text=True)
+                          "-p", "no:cacheprovider", *(["-n", str(workers)] if workers > 1 else []), *notebooks],
+                         cwd=clone, env=env, capture_output=True, text=True)
     assert run.returncode == 0, f"a notebook failed:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
     changed = _git("status", "--porcelain", "--untracked-files=all", cwd=clone)
     assert changed == "", f"executing the notebooks changed the repository:\n{changed}"

@@ -60,7 +60,7 @@ def test_notebooks_have_no_outputs():
 
 def test_notebooks_are_numbered_and_import_the_package():
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        assert re.match(r"^\d\d_[a-z0-9_]+\.ipynb$", path.name), path.name
+        assert re.match(r"^\d\d[a-z]?_[a-z0-9_]+\.ipynb$", path.name), path.name
         cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
         source = "".join("".join(c["source"]) for c in cells)
         assert "import flashattn" in source, f"{path.name} does not import the package"

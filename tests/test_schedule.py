@@ -23,9 +23,9 @@ COSTS = schedule.costs_for(128, 64, 128)
 
 # --- the order of operations, against the kernel's source ---------------------------------------------------
 
-CALLS = {"mbarrier.wait": "wait", "warpgroup_mma": "mma", "warpgroup_mma_wait": "mma_wait", "_free_k": "free_k",
-         "_free_v": "free_v", "_softmax": "softmax", "tma_load": "load", "_load_tile": "load", "_step": "step",
-         "_attend_tile": "attend", "_store": "store"}
+CALLS = {"mbarrier.wait": "wait", "warpgroup_mma": "mma", "warpgroup_mma_wait": "mma_wait", "_free": "free",
+         "_softmax": "softmax", "tma_load": "load", "_load_tile": "load", "_step": "step", "_attend_tile": "attend",
+         "_store": "store"}
 ARG_NAMES = {"q_bar": "q_ready", "qi": "QK", "pij": "PV"}
 
 
@@ -58,6 +58,8 @@ def source_events(fn, env: dict) -> list:
                 calls = [n for n in ast.walk(st) if isinstance(n, ast.Call) and _name(n.func) in CALLS]
                 for call in sorted(calls, key=lambda n: n.col_offset):
                     kind = CALLS[_name(call.func)]
+                    if kind == "free":  # _free("k", ...) or _free("v", ...)
+                        kind = f"free_{call.args[0].value}"
                     out.append((kind, _first_arg(call) if kind in ("wait", "mma", "load") else ""))
                 if (isinstance(st, ast.Assign) and isinstance(st.value, ast.BinOp) and isinstance(st.value.op, ast.Mult)
                         and getattr(st.value.left, "id", "") == "acc"):

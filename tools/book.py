@@ -141,8 +141,8 @@ figure.book-widget figcaption { font-size: 13px; color: #333; padding: 4px 0 8px
 # --- the notebooks ----------------------------------------------------------------------------
 
 def notebook_paths(source: Path) -> list[Path]:
-    """Every numbered notebook of the course, in order (the list comes from the folder)."""
-    paths = sorted((source / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    """Every numbered notebook of the course, in order (the list comes from the folder; 01b sorts after 01)."""
+    paths = sorted((source / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
     if not paths:
         raise SystemExit(f"no notebooks in {source / 'notebooks'}")
     return paths
@@ -235,7 +235,7 @@ def html_links(text: str, stems: set[str]) -> str:
         label, url = match.group(1), match.group(2)
         if re.match(r"^([a-z][a-z0-9+.-]*:|#)", url, flags=re.I):  # http(s), mailto, an anchor: as written
             return match.group(0)
-        notebook = re.fullmatch(r"(?:\./)?(?:\.\./)?(?:notebooks/)?(\d\d_[A-Za-z0-9_]+)\.ipynb(#.*)?", url)
+        notebook = re.fullmatch(r"(?:\./)?(?:\.\./)?(?:notebooks/)?(\d\d[a-z]?_[A-Za-z0-9_]+)\.ipynb(#.*)?", url)
         if notebook and notebook.group(1) in stems:
             return f"[{label}]({notebook.group(1)}.html{notebook.group(2) or ''})"
         return f"{label} (`{url}` in the repository)"
@@ -268,7 +268,7 @@ def landing_notebook(source: Path, pages: list[dict]):
 
     stems = {page["name"] for page in pages}
     readme = (source / "README.md").read_text(encoding="utf-8")
-    readme = re.sub(r"(?<!\[)`(\d\d_[A-Za-z0-9_]+)`",
+    readme = re.sub(r"(?<!\[)`(\d\d[a-z]?_[A-Za-z0-9_]+)`",
                     lambda m: f"[`{m.group(1)}`]({m.group(1)}.html)" if m.group(1) in stems else m.group(0), readme)
     readme = html_links(readme, stems)
     contents = "\n".join(f"{i}. [{page['title']}]({page['name']}.html)" for i, page in enumerate(pages, 1))

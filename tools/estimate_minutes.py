@@ -1,7 +1,7 @@
 """Estimate the minutes a learner needs for each notebook (the table in notebooks/README.md).
 
     python tools/estimate_minutes.py            # executes every notebook here (a few minutes), prints the table
-    python tools/estimate_minutes.py 05 07      # only these notebooks
+    python tools/estimate_minutes.py 05 07      # only these notebooks (by number: 01 and 01b are two)
 
 It is an estimate from what each notebook contains, not an observation of learners. Each notebook is executed
 here (in the mode this machine is in) and measured:
@@ -32,7 +32,7 @@ MIN_PER_FIGURE = 1.0
 EXERCISE_MIN = {"triton": 15, "other": 8}
 # Triton kernel exercises per notebook (the others are Python functions or predictions): the exercises of
 # tests/test_exercise_mutants.py, and notebook 12's dS step
-TRITON_EXERCISES = {"01": 4, "02": 1, "04": 1, "05": 1, "06": 1, "12": 1}
+TRITON_EXERCISES = {"01": 2, "01b": 2, "02": 1, "04": 1, "05": 1, "06": 1, "12": 1}
 
 
 def measure(path: Path) -> dict:
@@ -67,6 +67,11 @@ def measure(path: Path) -> dict:
     return counts
 
 
+def notebook_number(path: Path) -> str:
+    """A notebook's number, what comes before the first underscore: ``01``, ``01b``."""
+    return path.name.split("_", 1)[0]
+
+
 def minutes(number: str, c: dict) -> dict:
     triton = min(TRITON_EXERCISES.get(number, 0), c["exercises"])
     parts = {"reading": c["words"] / WORDS_PER_MIN + c["code_lines"] / CODE_LINES_PER_MIN
@@ -80,14 +85,14 @@ def minutes(number: str, c: dict) -> dict:
 def main(argv: list[str]) -> int:
     paths = sorted((ROOT / "notebooks").glob("*.ipynb"))
     if argv:
-        paths = [p for p in paths if p.name[:2] in argv]
+        paths = [p for p in paths if notebook_number(p) in argv]
     print("| notebook | words | code lines | printed lines | figures | exercises | executes here | reading | "
           "exercises | total (min) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     total = 0.0
     for path in paths:
         c = measure(path)
-        m = minutes(path.name[:2], c)
+        m = minutes(notebook_number(path), c)
         total += m["total"]
         print(f"| {path.stem} | {c['words']} | {c['code_lines']} | {c['output_lines']} | {c['figures']} | "
               f"{c['exercises']} | {c['exec_s']:.0f} s | {m['reading']:.0f} | {m['exercises']:.0f} | "

@@ -202,7 +202,7 @@ def _run(step, case: Case, seed: int):
         if "NoneType" in text or "None" in text.splitlines()[-1]:
             raise ExerciseFailed(f"{text}\nHint: the step must end with `return dsij` (a (BLOCK_M, BLOCK_N) "
                                  "tile).") from err
-        if "reduction dimensions" in text or "incompatible dimensions" in text:
+        if any(key in text for key in ("reduction dimensions", "incompatible dimensions", "not compatible for matmul")):
             raise ExerciseFailed(f"{text}\nHint: tl.dot multiplies (M, K) by (K, N); qi, doi are (BLOCK_M, D) "
                                  "and kj, vj (BLOCK_N, D), so both products need the transpose: "
                                  "tl.dot(doi, tl.trans(vj)).") from err

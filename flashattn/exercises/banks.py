@@ -1,7 +1,8 @@
-"""Checks for notebook 06 (shared-memory bank conflicts).
+"""Checks for notebooks 06 and 06b (shared-memory bank conflicts).
 
-``check_wavefront_predictions`` takes the learner's hand-made predictions for a fixed set of warp
-requests (:data:`PREDICTION_CASES`); ``check_padding`` takes a function that proposes a row padding.
+``check_wavefront_predictions`` (notebook 06) takes the learner's hand-made predictions for a fixed set of
+warp requests (:data:`PREDICTION_CASES`); ``check_padding`` (notebook 06b) takes a function that proposes
+a row padding.
 Wrong answers are compared with the classic mistakes (no broadcast, no phases for wide accesses,
 lanes counted instead of distinct words, the conflict degree given instead of wavefronts) and named.
 """
@@ -17,7 +18,7 @@ from flashattn.models import banks
 
 from ._check import ExerciseFailed, _NotAttempted, call, exercise
 
-# --- exercise 1: predict the wavefronts -------------------------------------------------------
+# --- notebook 06, exercise 1: predict the wavefronts -------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def _a(n) -> str:
     return "an" if str(int(n)).startswith("8") or int(n) in (11, 18) else "a"
 
 
-# --- exercise 2: pad the rows ------------------------------------------------------------------
+# --- notebook 06b, exercise 1: pad the rows ----------------------------------------------------
 
 # (D, access_bytes) for float32 tiles: powers of two, and widths that are not
 PADDING_CASES = ((32, 4), (64, 4), (128, 4), (40, 4), (32, 8), (64, 16), (32, 16), (48, 16), (36, 16), (33, 4))

@@ -5,7 +5,8 @@
   launches it on grid ``(cdiv(N, BLOCK_M), B·H)`` with BLOCK_M = 32, BLOCK_N = 16.
 * ``check_v1_update(update)`` (notebook 04): the body of the v1 inner loop as a ``@triton.jit`` function
   ``update(qi, kj, vj, oi, li, mi, keep, scale, PRECISION) -> (oi_new, li_new, mi_new)``, called by the
-  v1 loop of ``v1_driver_kernel`` (outer loop over K/V blocks, inner over Q blocks, state in HBM).
+  course's own v1 kernel, ``kernels/v1.py``'s ``attn_kernel_v1``, in place of its ``v1_update`` (outer
+  loop over K/V blocks, inner over Q blocks, state in HBM).
 
 Each check runs the kernel on cases ordered so that one kind of mistake shows at a time (one head and
 whole blocks; a ragged N with B, H > 1; causal; non-contiguous inputs; N = 1; large scores; float16),
@@ -20,9 +21,9 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 
 from flashattn import runtime
+from flashattn.kernels.v1 import attn_kernel_v1
 
 from ._check import exercise
 from .attention_cases import (
@@ -196,51 +197,6 @@ def check_v2_kernel(kernel) -> str:
 # Notebook 04: the v1 update, as a @triton.jit function called by the v1 loop
 
 
-@triton.jit
-def v1_driver_kernel(
-    Q, K, V, O, L, M,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_on, stride_od,
-    H, N, scale,
-    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPDATE: tl.constexpr,
-):
-    """The loops of kernels/v1.py's attn_kernel_v1 around the learner's UPDATE (one program per head)."""
-    pid_bh = tl.program_id(0)
-    off_b, off_h = pid_bh // H, pid_bh % H
-    q_base = Q + off_b * stride_qb + off_h * stride_qh
-    k_base = K + off_b * stride_kb + off_h * stride_kh
-    v_base = V + off_b * stride_vb + off_h * stride_vh
-    o_base = O + off_b * stride_ob + off_h * stride_oh
-    offs_d = tl.arange(0, D)
-    for start_n in range(0, N, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        kj = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                     mask=offs_n[:, None] < N, other=0.0)
-        vj = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                     mask=offs_n[:, None] < N, other=0.0)
-        lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
-        for start_m in range(lo, N, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            row_ok = offs_m < N
-            qi = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
-                         mask=row_ok[:, None], other=0.0)
-            o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-            oi = tl.load(o_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            li = tl.load(L + pid_bh * N + offs_m, mask=row_ok, other=0.0)
-            mi = tl.load(M + pid_bh * N + offs_m, mask=row_ok, other=float("-inf"))
-            keep = offs_n[None, :] < N
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            oi, li, mi = UPDATE(qi, kj, vj, oi, li, mi, keep, scale, PRECISION)
-            tl.store(o_ptrs, oi.to(O.dtype.element_ty), mask=row_ok[:, None])
-            tl.store(L + pid_bh * N + offs_m, li, mask=row_ok)
-            tl.store(M + pid_bh * N + offs_m, mi, mask=row_ok)
-            tl.debug_barrier()
-
-
 V1_MESSAGES = {  # mistake (flash_models.V1_SWITCHES) -> what the learner should change, in the order tried
     "exp_old_max":
         "every row is NaN: pij is exponentiated against mi, the running max from before this block, which is "
@@ -292,7 +248,7 @@ def _run_v1(update, case: Case, qkv) -> torch.Tensor:
     o = torch.zeros_like(q)
     l = torch.zeros(B * H, N, dtype=torch.float32, device=q.device)  # noqa: E741
     m = torch.full((B * H, N), NEG_INF, dtype=torch.float32, device=q.device)
-    launch(v1_driver_kernel, (B * H,), q, k, v, o, l, m, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+    launch(attn_kernel_v1, (B * H,), q, k, v, o, l, m, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
            H, N, case.scale, D=D, BLOCK_M=V1_BLOCK_M, BLOCK_N=V1_BLOCK_N, CAUSAL=case.causal,
            PRECISION="ieee", UPDATE=update, where=case.text())
     return o.double().cpu()

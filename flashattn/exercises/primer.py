@@ -1,10 +1,10 @@
-"""Checks of notebook 01 (the Triton primer): four small kernels the learner writes.
+"""Checks of notebooks 01 and 01b (the Triton primer): four small kernels the learner writes.
 
 * ``check_scaled_add(kernel, launcher)``: ``out = alpha·x + y``, each program BLOCK elements, a ragged
   tail; and the host function that allocates the output and chooses the grid.
 * ``check_transpose(kernel)``: ``Y = Xᵀ`` read through X's strides (X may be a transposed or padded view).
-* ``check_row_softmax(kernel)``: softmax of each row, one program per row, BLOCK_N ≥ n_cols.
-* ``check_matmul(kernel)``: ``C = A·B`` in tiles, a loop over K in BLOCK_K steps with ``tl.dot``.
+* ``check_row_softmax(kernel)`` (01b): softmax of each row, one program per row, BLOCK_N ≥ n_cols.
+* ``check_matmul(kernel)`` (01b): ``C = A·B`` in tiles, a loop over K in BLOCK_K steps with ``tl.dot``.
 
 Every check launches the kernel itself on inputs chosen to expose one mistake at a time (sizes that are
 not multiples of the block, non-contiguous inputs, large values, float16), surrounds inputs with NaN

@@ -216,6 +216,7 @@ _HINTS = (
     ("Both operands must be same dtype", "tl.dot multiplies two tiles of the same dtype: convert the "
      "float32 one, e.g. p.to(v.dtype), before the product."),
     ("incompatible dimensions", "the shapes of the two tl.dot operands do not fit: (M, K) times (K, N)."),
+    ("not compatible for matmul", "the shapes of the two tl.dot operands do not fit: (M, K) times (K, N)."),
     ("Cannot make_shape_compatible", "two tiles of different shapes were combined: check which offsets "
      "get [:, None] and which get [None, :]."),
 )
@@ -228,12 +229,22 @@ def launch(kernel, grid, *args, where: str, **kwargs) -> None:
         if runtime.DEVICE.type == "cuda":
             torch.cuda.synchronize()
     except Exception as err:  # the learner's kernel may fail in any way: report it with the case
-        text = str(err).strip() or type(err).__name__
-        hint = next((h for key, h in _HINTS if key in text), "")
-        lines = text.splitlines()
-        short = "\n".join(lines[-12:]) if len(lines) > 12 else text
-        raise ExerciseFailed(f"{where}: your kernel raised {type(err).__name__}:\n{short}"
-                             + (f"\nHint: {hint}" if hint else "")) from err
+        raise ExerciseFailed(f"{where}: {describe_error(err)}") from err
+
+
+def describe_error(err: BaseException) -> str:
+    """What went wrong, for the learner. Compiled for a GPU, an error inside a ``@triton.jit`` function that
+    another one calls (the learner's step inside the course's kernel) is reported at every call site, each
+    raised from the one below: the innermost error names the learner's own line and the reason."""
+    chain = [err]
+    while chain[-1].__cause__ is not None and chain[-1].__cause__ not in chain and len(chain) < 10:
+        chain.append(chain[-1].__cause__)
+    texts = [str(e).strip() or type(e).__name__ for e in chain]
+    hint = next((h for key, h in _HINTS if any(key in t for t in texts)), "")
+    shown = texts[-2:] if len(chain) > 1 and texts[-1] not in texts[-2] else texts[-2:-1] or texts
+    lines = "\n".join(shown).splitlines()  # the learner's line, then the reason
+    short = "\n".join(lines[-12:])
+    return f"your kernel raised {type(chain[-1]).__name__}:\n{short}" + (f"\nHint: {hint}" if hint else "")
 
 
 def close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> bool:

@@ -54,6 +54,16 @@ def bwd_preprocess_kernel(O, DO, DELTA, N, D: tl.constexpr, BLOCK_M: tl.constexp
 
 
 @triton.jit
+def load_q_block(Q, DO, LSE, DELTA, q_ptrs, rows, offs_m, row_ok):
+    """Q block i's tiles ``qi``, ``doi`` and its rows' ``lse_i``, ``delta_i`` (rows past N read as 0)."""
+    qi = tl.load(Q + q_ptrs, mask=row_ok[:, None], other=0.0)
+    doi = tl.load(DO + q_ptrs, mask=row_ok[:, None], other=0.0)
+    lse_i = tl.load(LSE + rows + offs_m, mask=row_ok, other=0.0)
+    delta_i = tl.load(DELTA + rows + offs_m, mask=row_ok, other=0.0)
+    return qi, doi, lse_i, delta_i
+
+
+@triton.jit
 def bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, N, scale,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -78,10 +88,7 @@ def bwd_dkdv_kernel(
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q_ptrs = head + offs_m[:, None] * D + offs_d[None, :]
         row_ok = offs_m < N
-        qi = tl.load(Q + q_ptrs, mask=row_ok[:, None], other=0.0)
-        doi = tl.load(DO + q_ptrs, mask=row_ok[:, None], other=0.0)
-        lse_i = tl.load(LSE + rows + offs_m, mask=row_ok, other=0.0)
-        delta_i = tl.load(DELTA + rows + offs_m, mask=row_ok, other=0.0)
+        qi, doi, lse_i, delta_i = load_q_block(Q, DO, LSE, DELTA, q_ptrs, rows, offs_m, row_ok)
 
         # recompute this tile of P from the saved log-sum-exp
         sij = tl.dot(qi, tl.trans(kj), input_precision=PRECISION) * scale
@@ -114,10 +121,7 @@ def bwd_dq_kernel(
     offs_d = tl.arange(0, D)
     q_ptrs = head + offs_m[:, None] * D + offs_d[None, :]
     row_ok = offs_m < N
-    qi = tl.load(Q + q_ptrs, mask=row_ok[:, None], other=0.0)
-    doi = tl.load(DO + q_ptrs, mask=row_ok[:, None], other=0.0)
-    lse_i = tl.load(LSE + rows + offs_m, mask=row_ok, other=0.0)
-    delta_i = tl.load(DELTA + rows + offs_m, mask=row_ok, other=0.0)
+    qi, doi, lse_i, delta_i = load_q_block(Q, DO, LSE, DELTA, q_ptrs, rows, offs_m, row_ok)
     dqi = tl.zeros([BLOCK_M, D], tl.float32)
 
     # causal: keys after the last query of this block are never seen
@@ -145,32 +149,38 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
     """Tiles of the teaching backward. Each program keeps two (BLOCK, D) float32 accumulators (dK and dV)
     or one (dQ) next to its input tiles, so larger head dimensions get smaller tiles or more warps (chosen so
     that every kernel compiles for sm_90 without spilling registers; float32 products run on the CUDA cores,
-    which need the smallest tiles; float32 at D = 256 still spills a few bytes)."""
+    which need the smallest tiles; float32 at D = 256 still spills a few bytes). D = 128 in half precision runs
+    one stage: with two, Triton 3.6's pipelined loop at these tiles raced on the H200 (dK changed from run to
+    run, relative error up to 2.6e-2; found by tools/diagnose_teaching_dk.py, guarded by a GPU test)."""
     if (mode or runtime.MODE) == "interpreter":
         tiles = (64, 64, 4, 1)  # few, large programs: the interpreter runs each in Python
     elif dtype == torch.float32:
         tiles = {16: (32, 32, 8, 1), 32: (32, 32, 8, 1), 64: (16, 32, 4, 1), 128: (16, 32, 8, 1)}.get(D, (16, 16, 4, 1))
     else:
-        tiles = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 8, 2), 128: (32, 64, 8, 2)}.get(D, (16, 16, 4, 1))
+        tiles = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 8, 2), 128: (32, 64, 8, 1)}.get(D, (16, 16, 4, 1))
     return dict(zip(("block_m", "block_n", "num_warps", "num_stages"), tiles, strict=True), input_precision="ieee")
 
 
-def check_backward_inputs(q, k, v, o, lse, do, *, variant: str, causal, scale, head_dims=None):
-    """The forward's inputs as the forward checks them, and O, lse and dO shaped to match. Returns
-    (B, H, N, D, scale)."""
-    kwargs = {} if head_dims is None else {"head_dims": head_dims}
-    B, H, N, D, scale = check_kernel_inputs(q, k, v, variant=variant, causal=causal, scale=scale, **kwargs)
+def check_o_lse_do(q, o, lse, do, *, variant: str) -> None:
+    """What the backward takes beyond the forward's inputs: ``o`` and ``do`` tensors like q, and ``lse`` the
+    forward's float32 log-sum-exp, one per query row (q's first three dimensions). Used by both backwards."""
+    def describe(t):
+        return f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+
     for name, t in (("o", o), ("do", do)):
         if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
-            got = (f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor)
-                   else type(t).__name__)
-            raise ValueError(f"{variant}: {name} must be a tensor like q, {tuple(q.shape)} {q.dtype} on {q.device}; "
-                             f"got {got}")
-    if not isinstance(lse, torch.Tensor) or lse.shape != (B, H, N) or lse.dtype != torch.float32 \
-            or lse.device != q.device:
-        got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__
-        raise ValueError(f"{variant}: lse must be the forward's (B, H, N) = {(B, H, N)} float32 log-sum-exp "
-                         f"on {q.device}; got {got}")
+            raise ValueError(f"{variant}: {name} must be a tensor like q, {describe(q)}; got {describe(t)}")
+    rows = tuple(q.shape[:3])
+    if not isinstance(lse, torch.Tensor) or lse.shape != rows or lse.dtype != torch.float32 or lse.device != q.device:
+        raise ValueError(f"{variant}: lse must be the forward's float32 log-sum-exp, one per query row: {rows} "
+                         f"(q's first three dimensions) on {q.device}; got {describe(lse)}")
+
+
+def check_backward_inputs(q, k, v, o, lse, do, *, variant: str, causal, scale):
+    """The forward's inputs as the forward checks them, and O, lse and dO shaped to match. Returns
+    (B, H, N, D, scale)."""
+    B, H, N, D, scale = check_kernel_inputs(q, k, v, variant=variant, causal=causal, scale=scale)
+    check_o_lse_do(q, o, lse, do, variant=variant)
     return B, H, N, D, scale
 
 

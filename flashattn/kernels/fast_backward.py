@@ -35,6 +35,7 @@ import triton.language as tl
 from flashattn import runtime
 from flashattn.validate import INPUT_PRECISIONS, check_attention_inputs
 
+from .backward import check_o_lse_do
 from .constants import LOG2_E
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
@@ -339,16 +340,7 @@ def check_inputs(q, k, v, o, lse, do, *, causal, scale):
         raise ValueError(f"fast backward: head dimension D={q.shape[-1]} is not supported; accepted: 1 to {MAX_HEAD_DIM}")
     B, HQ, HKV, L, S, D, scale = check_attention_inputs(q, k, v, variant="fast backward", causal=causal, scale=scale,
                                                         head_dims=range(1, MAX_HEAD_DIM + 1))
-    for name, t in (("o", o), ("do", do)):
-        if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
-            got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"fast backward: {name} must be like q, {tuple(q.shape)} {q.dtype} on {q.device}; "
-                             f"got {got}")
-    if not isinstance(lse, torch.Tensor) or lse.shape != (B, HQ, L) or lse.dtype != torch.float32 \
-            or lse.device != q.device:
-        got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__
-        raise ValueError(f"fast backward: lse must be the forward's (B, Hq, L) = {(B, HQ, L)} float32 log-sum-exp "
-                         f"on {q.device}; got {got}")
+    check_o_lse_do(q, o, lse, do, variant="fast backward")
     return B, HQ, HKV, L, S, D, scale
 
 

@@ -85,34 +85,24 @@ def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale,
 
 
 @gluon.jit
-def _free_k(ring, refill, frees, slot, j, n_blocks):
-    """Block j's K tile has been read. A warpgroup that loads its own tiles (``refill``: K, V and the head's
-    first key row) refills the slot with block j + STAGES; a consumer (``frees``) tells the producer, and after
-    its last block also lets go of its Q tile, so that the producer may load the next tile's."""
+def _free(which: gl.constexpr, ring, refill, frees, slot, j, n_blocks):
+    """Block j's K tile (``which`` "k") or V tile ("v") has been read. A warpgroup that loads its own tiles
+    (``refill``: K, V and the head's first key row) refills the slot with block j + STAGES; a consumer
+    (``frees``) tells the producer, and after its last block also lets go of its Q tile (with K), so that the
+    producer may load the next tile's."""
     k_ring, v_ring, k_ready, v_ready = ring
-    STAGES: gl.constexpr = k_ring.shape[0]
-    BLOCK_N: gl.constexpr = k_ring.shape[1]
+    tiles, ready = (k_ring, k_ready) if which == "k" else (v_ring, v_ready)
+    STAGES: gl.constexpr = tiles.shape[0]
+    BLOCK_N: gl.constexpr = tiles.shape[1]
     if refill is not None:
         K, V, kv_row0 = refill
-        _load_tile(K, k_ready, k_ring, slot, kv_row0 + (j + STAGES) * BLOCK_N, j + STAGES < n_blocks)
+        _load_tile(K if which == "k" else V, ready, tiles, slot, kv_row0 + (j + STAGES) * BLOCK_N,
+                   j + STAGES < n_blocks)
     else:
         k_empty, v_empty, q_empty = frees
-        mbarrier.arrive(k_empty.index(slot), count=1)
-        mbarrier.arrive(q_empty, count=1, pred=j == n_blocks - 1)
-
-
-@gluon.jit
-def _free_v(ring, refill, frees, slot, j, n_blocks):
-    """Block j's V tile has been read: refill its slot with block j + STAGES, or tell the producer."""
-    k_ring, v_ring, k_ready, v_ready = ring
-    STAGES: gl.constexpr = v_ring.shape[0]
-    BLOCK_N: gl.constexpr = v_ring.shape[1]
-    if refill is not None:
-        K, V, kv_row0 = refill
-        _load_tile(V, v_ready, v_ring, slot, kv_row0 + (j + STAGES) * BLOCK_N, j + STAGES < n_blocks)
-    else:
-        k_empty, v_empty, q_empty = frees
-        mbarrier.arrive(v_empty.index(slot), count=1)
+        mbarrier.arrive((k_empty if which == "k" else v_empty).index(slot), count=1)
+        if which == "k":
+            mbarrier.arrive(q_empty, count=1, pred=j == n_blocks - 1)
 
 
 @gluon.jit
@@ -138,14 +128,14 @@ def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m,
     if not OVERLAP:
         pv, pij = warpgroup_mma_wait(0, deps=[pv, pij])
     sij = warpgroup_mma_wait(1, deps=[sij])  # scores done; p · v may still run
-    _free_k(ring, refill, frees, slot, j, n_blocks)
+    _free("k", ring, refill, frees, slot, j, n_blocks)
     p_next, mi, li, alpha = _softmax(sij, mi, li, j * BLOCK_N, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL, s_layout)
     acc, pij = warpgroup_mma_wait(0, deps=[pv, pij])  # pij's registers stay live until p · v is done
     if refill is None:  # a consumer hands the V slot back to the producer at once
-        _free_v(ring, refill, frees, prev, j - 1, n_blocks)
+        _free("v", ring, refill, frees, prev, j - 1, n_blocks)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     if refill is not None:  # a lone warpgroup issues its own copy after the rescale (the order it was measured in)
-        _free_v(ring, refill, frees, prev, j - 1, n_blocks)
+        _free("v", ring, refill, frees, prev, j - 1, n_blocks)
     return gl.convert_layout(p_next.to(k_ring.dtype), p_layout), acc, mi, li
 
 
@@ -177,7 +167,7 @@ def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale,
     mbarrier.wait(k_ready.index(slot), (c0 // STAGES) & 1)
     sij = warpgroup_mma(qi, k_ring.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
     sij = warpgroup_mma_wait(0, deps=[sij])
-    _free_k(ring, refill, frees, slot, 0, n_blocks)
+    _free("k", ring, refill, frees, slot, 0, n_blocks)
     pij, mi, li, alpha = _softmax(sij, mi, li, 0, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL, s_layout)
     pij = gl.convert_layout(pij.to(k_ring.dtype), p_layout)
 
@@ -191,7 +181,7 @@ def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale,
     acc = warpgroup_mma(pij, v_ring.index(c % STAGES), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=[acc])
     if refill is None:  # a consumer hands the last V slot back (a lone warpgroup has nothing left to load)
-        _free_v(ring, refill, frees, c % STAGES, n_blocks - 1, n_blocks)
+        _free("v", ring, refill, frees, c % STAGES, n_blocks - 1, n_blocks)
     return acc, li, mi
 
 

@@ -62,11 +62,14 @@ _picks: dict[Problem, tuple[FastOptions, dict[FastOptions, float]]] = {}
 
 def candidates(opts: FastOptions, D: int, dtype: torch.dtype, causal: bool) -> list[FastOptions]:
     """The configurations autotuning tries for ``opts``: its kernel's space (for Gluon, narrowed to the schedule
-    and consumers asked for). Causal problems need block_n <= block_m (the diagonal stage) and get no
+    and consumers asked for). Causal problems: the Triton kernel's diagonal stage needs block_n <= block_m;
+    the Gluon kernel masks every key block that crosses the diagonal, whatever its width, and gets no
     three-consumer programs (measured on the H200: they lose there, by far)."""
     configs = tuning_configs(D, dtype, gluon=opts.gluon, schedule=opts.schedule, consumers=opts.consumers)
-    if causal:
-        configs = [c for c in configs if c["block_n"] <= c["block_m"] and c.get("consumers") != 3] or configs[:1]
+    if causal and opts.gluon:
+        configs = [c for c in configs if c.get("consumers") != 3] or configs[:1]
+    elif causal:
+        configs = [c for c in configs if c["block_n"] <= c["block_m"]] or configs[:1]
     return [dataclasses.replace(opts, autotune=False, **c) for c in configs]
 
 

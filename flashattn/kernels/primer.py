@@ -1,14 +1,14 @@
-"""The small kernels of the Triton primer (notebook 01), each showing one idea, each with its launcher.
+"""The small kernels of the Triton primer (notebooks 01 and 01b), each showing one idea, each with its launcher.
 
 * ``program_ids``: which program wrote which element (programs, the grid, a masked ragged end)
 * ``masked_load``: what ``tl.load`` returns where its mask is False (``other=``)
 * ``row_sums``: a 2-D tile read through strides and reduced along one axis
-* ``dot_tile``: one ``tl.dot`` of an (M, K) tile with a (K, N) tile
-* ``count``: many programs adding into one number, with a plain read-add-write (a race that the
+* ``dot_tile`` (01b): one ``tl.dot`` of an (M, K) tile with a (K, N) tile
+* ``count`` (01b): many programs adding into one number, with a plain read-add-write (a race that the
   interpreter, which runs one program after another, never shows) or with ``tl.atomic_add``
 
-The exercises of notebook 01 (a scaled add, a transpose, a row softmax, a tiled matmul) are written by
-the learner; their checks are in ``flashattn.exercises.primer``.
+The exercises of notebook 01 (a scaled add, a transpose) and 01b (a row softmax, a tiled matmul) are written
+by the learner; their checks are in ``flashattn.exercises.primer``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Reading the recorded bank-conflict measurements: Nsight Compute's shared-memory counters and the shared
-layouts Triton chose (TTGIR), next to the predictions of ``flashattn.models.fma_loads`` (notebook 06).
+layouts Triton chose (TTGIR), next to the predictions of ``flashattn.models.fma_loads`` (notebook 06b).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ word from each bank. The model used throughout the course (the public contract o
 
 It is a model: NVIDIA does not document the exact rules, and the hardware can do better in some
 cases (Nsight Compute sometimes counts fewer wavefronts when lanes of *different* phases read the
-same address). Notebook 06 compares its predictions with Nsight Compute's counters.
+same address). Notebook 06b compares its predictions with Nsight Compute's counters.
 
 Lanes: a request always has 32 entries (lane i's address at index i); an entry may be ``None`` for
 an inactive (masked) lane. A phase with no active lane costs nothing.

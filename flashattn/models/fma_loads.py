@@ -4,7 +4,7 @@ On the float32 path with ``input_precision="ieee"``, both operands of each ``tl.
 shared memory and every thread loads 16-byte vectors of the rows and columns its part of the output
 needs. This module counts those loads per warp and per K/V block, and their wavefronts under the bank
 model of ``flashattn.banks``, for v2 (K row-major, ``tl.trans``) against v2_kt (K transposed): the
-prediction notebook 06 compares with Nsight Compute's counters.
+prediction notebook 06b §1 compares with Nsight Compute's counters.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def fma_threads_per_warp(n: int) -> tuple[int, int]:
     The rule Triton 3.9 followed for sm_90 when this module was written (read from the TTGIR of the
     v2 kernels: ``sizePerThread = [4, 4]``, ``threadsPerWarp = [2, 16]`` for 64 columns, ``[4, 8]``
     for 32, ``[1, 32]`` for 128; ``warpsPerCTA = [num_warps, 1]``). Other Triton versions may choose
-    differently: notebook 06 shows the recorded compiled layouts next to the model.
+    differently: notebook 06b §1 shows the recorded compiled layouts next to the model.
     """
     along_n = max(1, min(WARP_SIZE, n // FMA_SIZE_PER_THREAD[1]))
     return WARP_SIZE // along_n, along_n

@@ -138,7 +138,7 @@ class Store(_Op):
 # --- the kernel's loops as programs --------------------------------------------------------------------------
 
 def _free_k(slot: int, tile: int, j: int, n_blocks: int, stages: int, wg: int, refill: bool) -> list:
-    """``_free_k``: a lone warpgroup refills the K slot with block j + STAGES; a consumer releases it (and,
+    """``_free("k", ...)``: a lone warpgroup refills the K slot with block j + STAGES; a consumer releases it (and,
     after its last block, its Q tile)."""
     if refill:
         return [Load("K", slot, tile, j + stages)] if j + stages < n_blocks else []
@@ -146,7 +146,7 @@ def _free_k(slot: int, tile: int, j: int, n_blocks: int, stages: int, wg: int, r
 
 
 def _free_v(slot: int, tile: int, j: int, n_blocks: int, stages: int, refill: bool) -> list:
-    """``_free_v``: refill the V slot with block j + STAGES, or release it."""
+    """``_free("v", ...)``: refill the V slot with block j + STAGES, or release it."""
     if refill:
         return [Load("V", slot, tile, j + stages)] if j + stages < n_blocks else []
     return [Arrive("v_empty", slot)]

@@ -12,7 +12,7 @@ from flashattn.measure.profile import NcuUnavailable, kernel_regex, ncu_profile,
 from flashattn.models.tuning import PATHS
 from flashattn.record import measurement
 
-# The two paths of notebook 06 (flashattn.tuning.PATHS): float32 on CUDA cores (the source post's),
+# The two paths of notebook 06b (flashattn.tuning.PATHS): float32 on CUDA cores (the source post's),
 # then fp16 on tensor cores.
 PATH_ORDER = ("fp32_ieee", "fp16_tc")
 
