@@ -1,7 +1,9 @@
-"""A GPU diagnostic for an open defect (issue 18): the teaching backward's dK at D = 128, non-causal, is
-off on the H200 (recorded fast_backward_vs_sdpa: relative error of dk 7.3e-3 at N = 1024 fp16, falling with N,
-against 3e-4 for SDPA and fast; causal rows and D = 64 are fine; the interpreter, with the GPU's tiles 32x64 /
-8 warps / 2 stages, gives 3e-4). This script locates it.
+"""A GPU diagnostic, kept as an example of the method (issue 18). The teaching backward's dK at D = 128,
+non-causal, was off on the H200 (a recording of fast_backward_vs_sdpa showed several times SDPA's error, falling
+with N; the interpreter, with the GPU's tiles, did not). This script located it: with the default tiles then
+(32 x 64, 8 warps, 2 stages) dK changed from run to run, and one stage, 64-row blocks or 32-key blocks each
+brought it back to rounding error, the same bits every run: a race in Triton 3.6's pipelined loop.
+kernels/backward.default_options now runs one stage there.
 
 Run on the GPU machine from the repository root:  python tools/diagnose_teaching_dk.py
 (about a minute). It prints one line per case and a summary table last; details go to
