@@ -82,22 +82,50 @@ def minutes(number: str, c: dict) -> dict:
     return parts
 
 
-def main(argv: list[str]) -> int:
-    paths = sorted((ROOT / "notebooks").glob("*.ipynb"))
-    if argv:
-        paths = [p for p in paths if notebook_number(p) in argv]
-    print("| notebook | words | code lines | printed lines | figures | exercises | executes here | reading | "
-          "exercises | total (min) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+GUIDE = ROOT / "notebooks" / "README.md"
+START, END = "<!-- minutes table: written by tools/estimate_minutes.py --write -->", "<!-- end of minutes table -->"
+
+
+def table(paths: list[Path]) -> list[str]:
+    lines = ["| notebook | words | code lines | printed lines | figures | exercises | executes here | reading | "
+             "exercises | total (min) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    print("\n".join(lines), flush=True)
     total = 0.0
     for path in paths:
         c = measure(path)
         m = minutes(notebook_number(path), c)
         total += m["total"]
-        print(f"| {path.stem} | {c['words']} | {c['code_lines']} | {c['output_lines']} | {c['figures']} | "
-              f"{c['exercises']} | {c['exec_s']:.0f} s | {m['reading']:.0f} | {m['exercises']:.0f} | "
-              f"**{5 * round(m['total'] / 5)}** |", flush=True)
-    print(f"\ntotal: {total / 60:.1f} hours")
+        lines.append(f"| {path.stem} | {c['words']} | {c['code_lines']} | {c['output_lines']} | {c['figures']} | "
+                     f"{c['exercises']} | {c['exec_s']:.0f} s | {m['reading']:.0f} | {m['exercises']:.0f} | "
+                     f"**{5 * round(m['total'] / 5)}** |")
+        print(lines[-1], flush=True)
+    lines += ["", f"Total: {total / 60:.1f} hours."]
+    print(lines[-1])
+    return lines
+
+
+def write_into_guide(lines: list[str]) -> None:
+    """Replace the table between the START and END markers of notebooks/README.md."""
+    text = GUIDE.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"{GUIDE} has no {START!r} ... {END!r} markers")
+    head, rest = text.split(START, 1)
+    GUIDE.write_text(head + START + "\n" + "\n".join(lines) + "\n" + END + rest.split(END, 1)[1])
+    print(f"wrote the table into {GUIDE.relative_to(ROOT)}")
+
+
+def main(argv: list[str]) -> int:
+    write = "--write" in argv
+    numbers = [a for a in argv if a != "--write"]
+    paths = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    if numbers:
+        if write:
+            raise SystemExit("--write rewrites the whole table: run it without notebook numbers")
+        paths = [p for p in paths if notebook_number(p) in numbers]
+    lines = table(paths)
+    if write:
+        write_into_guide(lines)
     return 0
 
 
