@@ -1,0 +1,137 @@
+"""Where does a short training step through the drop-in lose time? (issue 18; not yet run on a GPU)
+
+The recorded ``fast_backward_vs_sdpa`` shows forward+backward through ``flashattn.scaled_dot_product_attention``
+at 0.50-0.80x SDPA in five short D = 64 cells (N = 1024, and bf16 causal N = 2048), although fast's backward
+alone is 0.86-0.99x SDPA's there and its forward alone at or above SDPA's: those steps take 0.1-0.5 ms more than
+the two parts, while every other cell (D = 128 at the same N included) adds up (notebook 12 prints this). This
+probe takes one such step apart, in one process, on the same inputs:
+
+    python tools/gpu/backward/dropin_probe.py        # about 2 minutes on an H200; $OUT/dropin_probe.json
+
+Per problem it times, in interleaved rounds (flashattn.bench.time_rounds, median of do_bench's medians):
+``forward`` (attention_fast with the log-sum-exp), ``backward`` (attention_backward_fast on that forward's O and
+log-sum-exp), ``both, direct`` (the two called one after the other, no autograd), ``drop-in forward`` (no
+graph), ``drop-in step`` (forward and backward through torch.autograd.grad, as the recording times it), and
+SDPA's step; it prints the tiles each path picked (forward and both backward kernels), and a torch.profiler
+table of one drop-in step and one direct step (CUDA time per kernel, and the CPU time around them).
+In interpreter mode it runs the same code at a tiny size, to check the script itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from flashattn import bench, runtime  # noqa: E402
+from flashattn.functional import scaled_dot_product_attention  # noqa: E402
+from flashattn.kernels.fast import attention_fast  # noqa: E402
+from flashattn.kernels.fast_backward import attention_backward_fast, picked_tiles  # noqa: E402
+from flashattn.kernels.fast_launch import tuned_config  # noqa: E402
+
+GPU = runtime.MODE == "gpu"
+OUT = os.environ.get("OUT", ".")
+# (dtype, D, N, causal): the cells that do not add up, and D = 128 at the same N as a control
+PROBLEMS = [("bfloat16", 64, 1024, True), ("float16", 64, 1024, True), ("float16", 64, 1024, False),
+            ("bfloat16", 64, 2048, True), ("float16", 128, 1024, True)]
+TOKENS, HEADS, ROUNDS = (16384, 16, 5) if GPU else (64, 2, 1)
+
+
+def step_functions(q, k, v, do, causal: bool) -> dict:
+    leaves = {name: [t.detach().clone().requires_grad_() for t in (q, k, v)] for name in ("fast", "sdpa")}
+    o, lse = attention_fast(q, k, v, causal=causal, return_lse=True)
+
+    def direct():
+        o2, lse2 = attention_fast(q, k, v, causal=causal, return_lse=True)
+        return attention_backward_fast(q, k, v, o2, lse2, do, causal=causal)
+
+    return {
+        "forward": lambda: attention_fast(q, k, v, causal=causal, return_lse=True),
+        "backward": lambda: attention_backward_fast(q, k, v, o, lse, do, causal=causal),
+        "both, direct": direct,
+        "drop-in forward": lambda: scaled_dot_product_attention(q, k, v, is_causal=causal),
+        "drop-in step": lambda: torch.autograd.grad(
+            scaled_dot_product_attention(*leaves["fast"], is_causal=causal), leaves["fast"], do),
+        "sdpa step": lambda: torch.autograd.grad(
+            torch.nn.functional.scaled_dot_product_attention(*leaves["sdpa"], is_causal=causal), leaves["sdpa"], do),
+    }
+
+
+def wall_ms(fn) -> float:
+    """Interpreter mode (checking the script only): one call's wall-clock time."""
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def profile_table(fn, label: str) -> list[dict]:
+    """One call of ``fn`` under torch.profiler: per event, CPU and CUDA time in microseconds."""
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if GPU else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        if GPU:
+            torch.cuda.synchronize()
+    rows = []
+    for e in sorted(prof.key_averages(), key=lambda e: -(e.device_time_total if GPU else e.cpu_time_total))[:15]:
+        rows.append({"name": e.key[:70], "calls": e.count, "cpu_us": round(e.cpu_time_total, 1),
+                     "cuda_us": round(e.device_time_total, 1) if GPU else None})
+    print(f"  profile of one {label}:")
+    for r in rows:
+        print(f"    {r['name']:<70} x{r['calls']:<3} cpu {r['cpu_us']:>9.1f} us  cuda {r['cuda_us']} us")
+    return rows
+
+
+def probe(dtype_name: str, D: int, N: int, causal: bool) -> dict:
+    dtype = getattr(torch, dtype_name if GPU else "float32")
+    B = max(1, TOKENS // N) if GPU else 1
+    N = N if GPU else 48
+    q, k, v = runtime.random_qkv(B, HEADS, N, D if GPU else 16, dtype=dtype, seed_value=N + D)
+    do = runtime.random_qkv(B, HEADS, N, D if GPU else 16, dtype=dtype, seed_value=N + D + 1)[0]
+    fns = step_functions(q, k, v, do, causal)
+    for fn in fns.values():  # compile and autotune outside the timing
+        fn()
+    times = bench.time_rounds(fns, ROUNDS) if GPU else {name: [wall_ms(fn)] for name, fn in fns.items()}
+    ms = {name: statistics.median(t) for name, t in times.items()}
+    row = {"dtype": dtype_name, "D": D, "N": N, "B": B, "H": HEADS, "causal": causal, "ms": ms,
+           "unexplained_ms": ms["drop-in step"] - ms["forward"] - ms["backward"],
+           "direct_unexplained_ms": ms["both, direct"] - ms["forward"] - ms["backward"],
+           "forward_pick": tuned_config(q.shape[-1], dtype, N, HEADS, causal, B=B) if GPU else None,
+           "backward_picks": {kernel: picked_tiles(kernel, L=N, S=N, B=B, causal=causal) for kernel in ("dkdv", "dq")}}
+    print(f"{dtype_name} D={D} N={N} B={B} causal={causal}: " + ", ".join(f"{n} {t:.3f}" for n, t in ms.items())
+          + f" ms; drop-in step - forward - backward = {row['unexplained_ms']:+.3f} ms, direct: "
+          f"{row['direct_unexplained_ms']:+.3f} ms", flush=True)
+    print(f"  picks: forward {row['forward_pick']}, backward {row['backward_picks']}")
+    row["profile_drop_in"] = profile_table(fns["drop-in step"], "drop-in step")
+    row["profile_direct"] = profile_table(fns["both, direct"], "direct step")
+    return row
+
+
+def main() -> int:
+    print(f"mode {runtime.MODE}, torch {torch.__version__}" + (f", {torch.cuda.get_device_name(0)}" if GPU else ""))
+    rows = []
+    for problem in PROBLEMS if GPU else PROBLEMS[:1]:
+        try:
+            rows.append(probe(*problem))
+        except Exception as err:  # noqa: BLE001 - keep going: one failure must not waste the run
+            print(f"{problem}: {type(err).__name__}: {err}", flush=True)
+            rows.append({"problem": problem, "error": f"{type(err).__name__}: {err}"})
+    with open(os.path.join(OUT, "dropin_probe.json"), "w") as f:
+        json.dump(rows, f, indent=1, default=str)
+    print("\nsummary: drop-in step minus (forward + backward), and the same for the direct calls, in ms")
+    for r in rows:
+        if "ms" in r:
+            print(f"  {r['dtype']:<9} D={r['D']:<4} N={r['N']:<6} causal={r['causal']!s:<6} "
+                  f"drop-in {r['unexplained_ms']:+.3f}  direct {r['direct_unexplained_ms']:+.3f}  "
+                  f"step/SDPA {r['ms']['sdpa step'] / r['ms']['drop-in step']:.2f}x")
+    return 0 if all("ms" in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
