@@ -241,8 +241,10 @@ def describe_error(err: BaseException) -> str:
         chain.append(chain[-1].__cause__)
     texts = [str(e).strip() or type(e).__name__ for e in chain]
     hint = next((h for key, h in _HINTS if any(key in t for t in texts)), "")
-    shown = texts[-2:] if len(chain) > 1 and texts[-1] not in texts[-2] else texts[-2:-1] or texts
-    lines = "\n".join(shown).splitlines()  # the learner's line, then the reason
+    shown = texts[-2:]  # the learner's line, then the reason (the innermost error alone where there is one)
+    if len(shown) == 2 and shown[1] in shown[0]:  # Triton's message already quotes the reason
+        shown = shown[:1]
+    lines = "\n".join(shown).splitlines()
     short = "\n".join(lines[-12:])
     return f"your kernel raised {type(chain[-1]).__name__}:\n{short}" + (f"\nHint: {hint}" if hint else "")
 

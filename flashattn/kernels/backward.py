@@ -151,7 +151,7 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
     that every kernel compiles for sm_90 without spilling registers; float32 products run on the CUDA cores,
     which need the smallest tiles; float32 at D = 256 still spills a few bytes). D = 128 in half precision runs
     one stage: with two, Triton 3.6's pipelined loop at these tiles raced on the H200 (dK changed from run to
-    run, relative error up to 2.6e-2; found by tools/diagnose_teaching_dk.py, guarded by a GPU test)."""
+    run, well above rounding error; found by tools/diagnose_teaching_dk.py, guarded by a GPU test)."""
     if (mode or runtime.MODE) == "interpreter":
         tiles = (64, 64, 4, 1)  # few, large programs: the interpreter runs each in Python
     elif dtype == torch.float32:

@@ -1,10 +1,9 @@
 """Where does a short training step through the drop-in lose time? (issue 18; not yet run on a GPU)
 
-The recorded ``fast_backward_vs_sdpa`` shows forward+backward through ``flashattn.scaled_dot_product_attention``
-at 0.50-0.80x SDPA in five short D = 64 cells (N = 1024, and bf16 causal N = 2048), although fast's backward
-alone is 0.86-0.99x SDPA's there and its forward alone at or above SDPA's: those steps take 0.1-0.5 ms more than
-the two parts, while every other cell (D = 128 at the same N included) adds up (notebook 12 prints this). This
-probe takes one such step apart, in one process, on the same inputs:
+In the recorded ``fast_backward_vs_sdpa``, forward+backward through ``flashattn.scaled_dot_product_attention``
+falls further below SDPA than fast's backward alone in a few short D = 64 cells: those steps take longer than
+fast's backward plus its forward (``fast_vs_sdpa``), while the other cells, D = 128 at the same N included, add
+up (notebook 12 prints the decomposition). This probe takes such a step apart, in one process, on the same inputs:
 
     python tools/gpu/backward/dropin_probe.py        # about 2 minutes on an H200; $OUT/dropin_probe.json
 
@@ -35,6 +34,7 @@ from flashattn.functional import scaled_dot_product_attention  # noqa: E402
 from flashattn.kernels.fast import attention_fast  # noqa: E402
 from flashattn.kernels.fast_backward import attention_backward_fast, picked_tiles  # noqa: E402
 from flashattn.kernels.fast_launch import tuned_config  # noqa: E402
+from flashattn.measure.measurements.backward import _backward_fns  # noqa: E402
 
 GPU = runtime.MODE == "gpu"
 OUT = os.environ.get("OUT", ".")
@@ -45,22 +45,20 @@ TOKENS, HEADS, ROUNDS = (16384, 16, 5) if GPU else (64, 2, 1)
 
 
 def step_functions(q, k, v, do, causal: bool) -> dict:
-    leaves = {name: [t.detach().clone().requires_grad_() for t in (q, k, v)] for name in ("fast", "sdpa")}
-    o, lse = attention_fast(q, k, v, causal=causal, return_lse=True)
+    """The recording's own backward and step functions (measurements.backward), and the parts between them."""
+    backward, training = _backward_fns(q, k, v, do, causal)
 
     def direct():
-        o2, lse2 = attention_fast(q, k, v, causal=causal, return_lse=True)
-        return attention_backward_fast(q, k, v, o2, lse2, do, causal=causal)
+        o, lse = attention_fast(q, k, v, causal=causal, return_lse=True)
+        return attention_backward_fast(q, k, v, o, lse, do, causal=causal)
 
     return {
         "forward": lambda: attention_fast(q, k, v, causal=causal, return_lse=True),
-        "backward": lambda: attention_backward_fast(q, k, v, o, lse, do, causal=causal),
+        "backward": backward["fast"],
         "both, direct": direct,
         "drop-in forward": lambda: scaled_dot_product_attention(q, k, v, is_causal=causal),
-        "drop-in step": lambda: torch.autograd.grad(
-            scaled_dot_product_attention(*leaves["fast"], is_causal=causal), leaves["fast"], do),
-        "sdpa step": lambda: torch.autograd.grad(
-            torch.nn.functional.scaled_dot_product_attention(*leaves["sdpa"], is_causal=causal), leaves["sdpa"], do),
+        "drop-in step": training["fast"],
+        "sdpa step": training["sdpa"],
     }
 
 
