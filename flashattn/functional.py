@@ -139,9 +139,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (L, E), S = query.shape[-2:], key.shape[-2]
 
     def as_4d(t, length):  # (…, H, N, E) -> (B, H, N, E), a view wherever the strides allow it
+        if t.dim() == 4:  # already: no view, so no extra node in the autograd graph (host time per step)
+            return t
         if t.dim() == 2:
             return t.reshape(1, 1, length, E)
         return t.reshape(math.prod(t.shape[:-3]), t.shape[-3], length, E)
 
     out = attention(as_4d(query, L), as_4d(key, S), as_4d(value, S), variant="fast", causal=is_causal, scale=scale)
-    return out.reshape(query.shape)
+    return out if out.shape == query.shape else out.reshape(query.shape)

@@ -28,6 +28,8 @@ The interpreter (CPU) runs the same kernels with plain pointer loads.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -35,6 +37,7 @@ import triton.language as tl
 from flashattn import runtime
 from flashattn.validate import INPUT_PRECISIONS, check_attention_inputs
 
+from . import launch_cache
 from .backward import check_o_lse_do
 from .constants import LOG2_E
 
@@ -249,11 +252,14 @@ DKDV_SPACE = {
     128: [(64, 128, 8, 2)],  # spills a few dozen bytes, and still won
     256: [(16, 16, 4, 1), (32, 16, 4, 1), (32, 32, 8, 2)],  # D = 256 spills whatever the tiles (least first)
 }
+# With atomic dQ, 4-warp programs of 64 keys come first at D = 64 and 128: each holds all its registers (at most
+# 255, no spills) and two fit on an SM, so one program's exponentials overlap the other's products. They beat the
+# 8-warp tiles by far, and still lose to dq_mode="kernel" (tools/gpu/backward/atomic_probe.py).
 ATOMIC_DKDV_SPACE = {
     16: [(64, 128, 4, 3), (64, 64, 4, 3)],
     32: [(64, 128, 8, 3), (64, 64, 4, 3)],
-    64: [(64, 128, 8, 3), (64, 64, 8, 3), (32, 128, 8, 3), (32, 64, 8, 3), (128, 32, 8, 3)],
-    128: [(32, 64, 8, 3), (32, 64, 8, 2), (64, 64, 8, 3), (32, 32, 8, 3)],
+    64: [(64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 8, 3)],
+    128: [(32, 64, 4, 3), (64, 64, 8, 3)],
     256: [(16, 16, 4, 1), (32, 32, 8, 2)],
 }
 DQ_SPACE = {
@@ -290,9 +296,13 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
     if (mode or runtime.MODE) == "interpreter":
         return dict(dkdv_tiles=INTERPRETER_TILES, dq_tiles=INTERPRETER_TILES, autotune=False, use_tma=False,
                     dq_mode="atomic", input_precision="ieee")
-    hopper = runtime.HAS_GPU and torch.cuda.get_device_capability()[0] >= 9
-    return dict(dkdv_tiles=None, dq_tiles=None, autotune=True, use_tma=hopper and TensorDescriptor is not None,
+    return dict(dkdv_tiles=None, dq_tiles=None, autotune=True, use_tma=_hopper() and TensorDescriptor is not None,
                 dq_mode=DEFAULT_DQ_MODE, input_precision="ieee")
+
+
+@functools.cache
+def _hopper() -> bool:
+    return runtime.HAS_GPU and torch.cuda.get_device_capability()[0] >= 9
 
 
 def _check_tiles(name: str, tiles) -> tuple[int, int, int, int] | None:
@@ -310,7 +320,22 @@ def _check_tiles(name: str, tiles) -> tuple[int, int, int, int] | None:
     return tuple(tiles)
 
 
+_checked: dict = {}
+
+
 def _check_options(dtype: torch.dtype, D: int, options: dict) -> dict:
+    """``options`` after defaults and checks (bad ones raise); remembered per distinct call, like ``fast``'s."""
+    try:
+        key = (runtime.MODE, dtype, D, tuple(sorted((k, type(v), v) for k, v in options.items())))
+        hash(key)
+    except TypeError:  # an unhashable option value (a list of tiles): check it every time
+        return _checked_options(dtype, D, options)
+    if key not in _checked:
+        _checked[key] = _checked_options(dtype, D, options)
+    return dict(_checked[key])
+
+
+def _checked_options(dtype: torch.dtype, D: int, options: dict) -> dict:
     defaults = default_options(dtype, D)
     unknown = sorted(set(options) - set(defaults))
     if unknown:
@@ -396,8 +421,8 @@ def _launch(kernel: str, fn, grid, tensors: dict, scalars: tuple, constexprs: di
         _picked[pick_key] = (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages)
     else:
         bm, bn, warps, stages = tiles
-        fn[grid(bm, bn)](*args.values(), *scalars, **constexprs, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
-                         num_stages=stages)
+        launch_cache.launch(fn, grid(bm, bn), (*args.values(), *scalars), dict(constexprs, BLOCK_M=bm, BLOCK_N=bn),
+                            num_warps=warps, num_stages=stages)
 
 
 def picked_tiles(kernel: str, **problem) -> tuple | None:
@@ -434,7 +459,8 @@ def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **
     dq_acc = torch.zeros((B, HQ, L, D), dtype=torch.float32, device=q.device) if atomic else None
 
     rows, block = B * HQ * L, max(16, min(128, 8192 // D_PAD))
-    bwd_preprocess_fast[(triton.cdiv(rows, block),)](o, do, delta, rows, D=D, D_PAD=D_PAD, BLOCK=block)
+    launch_cache.launch(bwd_preprocess_fast, (triton.cdiv(rows, block),), (o, do, delta, rows),
+                        dict(D=D, D_PAD=D_PAD, BLOCK=block))
 
     precision = opts["input_precision"] if q.dtype == torch.float32 else "tf32"
     common = dict(D=D, D_PAD=D_PAD, GROUP=HQ // HKV, CAUSAL=causal, USE_TMA=use_tma, PRECISION=precision)

@@ -20,6 +20,7 @@ from triton.compiler.errors import CompileTimeAssertionFailure
 from triton.runtime.errors import OutOfResources, PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import launch_cache
 from .constants import LOG2_E
 from .fast_options import WS_MAXNREG, FastOptions, gluon_available, padded_head_dim, tuning_configs
 
@@ -128,13 +129,14 @@ def _launch_triton(kernel, q, k, v, o, lse, causal, scale, return_lse, opts: Fas
         q_arg, k_arg, v_arg = _descriptor(q, opts.block_m), _descriptor(k, opts.block_n), _descriptor(v, opts.block_n)
     else:
         q_arg, k_arg, v_arg = q, k, v
-    kernel[(triton.cdiv(L, opts.block_m), B * Hq)](
-        q_arg, k_arg, v_arg, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Hq, Hq // Hkv, L, S, scale * LOG2_E.value,
-        D=D, D_PAD=padded_head_dim(D), BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, CAUSAL=causal,
-        MORE_QUERIES=causal and L > S, USE_TMA=opts.use_tma, PRECISION=opts.input_precision if q.dtype == torch.float32 else "tf32",
-        STORE_LSE=return_lse, num_warps=opts.num_warps, num_stages=opts.num_stages,
-        **({"maxnreg": opts.maxnreg} if opts.maxnreg else {}))
+    launch_cache.launch(
+        kernel, (triton.cdiv(L, opts.block_m), B * Hq),
+        (q_arg, k_arg, v_arg, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), Hq, Hq // Hkv, L, S,
+         scale * LOG2_E.value),
+        dict(D=D, D_PAD=padded_head_dim(D), BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, CAUSAL=causal,
+             MORE_QUERIES=causal and L > S, USE_TMA=opts.use_tma,
+             PRECISION=opts.input_precision if q.dtype == torch.float32 else "tf32", STORE_LSE=return_lse),
+        num_warps=opts.num_warps, num_stages=opts.num_stages, **({"maxnreg": opts.maxnreg} if opts.maxnreg else {}))
 
 
 _sm_counts: dict = {}
@@ -160,12 +162,12 @@ def _launch_gluon(q, k, v, o, lse, causal, scale, return_lse, opts: FastOptions)
     ws = opts.schedule != "single"
     descs = (fast_gluon.descriptor(q, opts.block_m), fast_gluon.descriptor(k, opts.block_n),
              fast_gluon.descriptor(v, opts.block_n))
-    fast_gluon.attn_kernel_gluon[_gluon_grid(N, B * H, opts, q.device)](
-        *descs, o, lse, N, B * H, scale * LOG2_E.value,
-        D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=causal,
-        STORE_LSE=return_lse, OVERLAP=opts.overlap, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
-        CONSUMERS=opts.consumers if ws else 2, num_warps=opts.num_warps,
-        **({"maxnreg": WS_MAXNREG[opts.consumers]} if ws else {}))
+    launch_cache.launch(
+        fast_gluon.attn_kernel_gluon, _gluon_grid(N, B * H, opts, q.device), (*descs, o, lse, N, B * H, scale * LOG2_E.value),
+        dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=causal,
+             STORE_LSE=return_lse, OVERLAP=opts.overlap, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
+             CONSUMERS=opts.consumers if ws else 2),
+        num_warps=opts.num_warps, **({"maxnreg": WS_MAXNREG[opts.consumers]} if ws else {}))
 
 
 def tuned_config(D: int, dtype: torch.dtype, N: int, H: int, causal: bool, use_tma: bool = True,

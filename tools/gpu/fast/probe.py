@@ -3,6 +3,8 @@ padded D, log-sum-exp everywhere, autotuning in interleaved rounds).
 
     python tools/gpu/fast/probe.py            # about 4-5 minutes on an H200
     python tools/gpu/fast/probe.py --quick    # fewer cells (a smoke test, ~2 minutes)
+    python tools/gpu/fast/probe.py --stability  # phase 3 alone, every N of fast_vs_sdpa (1024 to 16384)
+    PROBE_MAX_N=4096 python tools/gpu/fast/probe.py --stability   # ... up to N = 4096
 
 Without a GPU it runs as a dry run of its own plumbing: tiny sizes in Triton's interpreter, float16 only,
 a wall-clock timer instead of do_bench (the numbers mean nothing there).
@@ -33,6 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 OUT = Path(os.environ.get("OUT", "probe_out"))
 QUICK = "--quick" in sys.argv
+STABILITY_ONLY = "--stability" in sys.argv  # no correctness phase; the fresh processes time N = 1024 to 16384
 # seconds after which no new work starts (the summary still prints); a run tool call is cut at 600 s
 BUDGET_S = float(os.environ.get("PROBE_BUDGET_S", "540"))
 DRY = os.environ.get("PROBE_DRY") == "1"  # no GPU: main() sets it, and the children inherit it
@@ -77,7 +80,9 @@ def correctness_cases() -> list[dict]:
 
 
 def stability_cells() -> list[dict]:
-    seq_lens = (64, 128) if DRY else (1024, 4096) if QUICK else (1024, 2048, 4096)
+    seq_lens = ((64, 128) if DRY else (1024, 4096) if QUICK else (1024, 2048, 4096, 8192, 16384) if STABILITY_ONLY
+                else (1024, 2048, 4096))
+    seq_lens = [n for n in seq_lens if DRY or n <= int(os.environ.get("PROBE_MAX_N", "16384"))]
     tokens = 128 if DRY else TOKENS
     dtypes = ("float16",) if DRY else ("float16", "bfloat16")
     return [dict(dtype=dtype, D=D, N=N, B=tokens // N, causal=causal)
@@ -275,8 +280,9 @@ def main() -> None:
         os.environ["PROBE_DRY"] = "1"
     t_start = time.perf_counter()
     gpu = "none (a dry run in the interpreter)" if DRY else torch.cuda.get_device_name(0)
-    log(f"GPU {gpu}, torch {torch.__version__}, triton {triton.__version__}, quick={QUICK}")
-    cases, cells = correctness_cases(), stability_cells()
+    log(f"GPU {gpu}, torch {torch.__version__}, triton {triton.__version__}, quick={QUICK}, "
+        f"stability only={STABILITY_ONLY}")
+    cases, cells = [] if STABILITY_ONLY else correctness_cases(), stability_cells()
 
     # 1. warm the kernel cache in parallel (compiling is CPU work; the timings in these workers are not used)
     workers = 2 if DRY else 8

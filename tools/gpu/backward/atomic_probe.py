@@ -1,0 +1,137 @@
+"""Does atomic dQ (five products, as cuDNN and FlashAttention-2/3) beat the two-kernel fast backward (seven)?
+
+    python tools/gpu/backward/atomic_probe.py     # about 4.5 minutes on an H200; $OUT/bwd_exp.json, a table last
+
+fp16 and bf16, D 64 and 128, causal and not, N 4096 and 16384 (B·N = 16384, H = 16): SDPA's backward (cuDNN),
+the fast backward as it runs by default (dq_mode "kernel", autotuned), dq_mode "atomic" with 4-warp dK/dV tiles
+(two programs per SM: 255 registers or fewer each, no spills when compiled for sm_90), and a few other tiles of
+the kernel mode; every variant checked against float64 autograd on two heads, then timed in three interleaved
+rounds; a torch.profiler table of kernel times for one problem per head dimension. The summary gives each
+variant's speed as a ratio to SDPA's backward (SDPA time / variant time).
+"""
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+import torch  # noqa: E402
+
+from flashattn import bench  # noqa: E402
+from flashattn.kernels import fast_backward as fb  # noqa: E402
+from flashattn.kernels.fast import attention_fast  # noqa: E402
+from flashattn.measure.measurements.backward import _grads_float64  # noqa: E402
+from flashattn.reference import rel_error  # noqa: E402
+
+OUT = os.environ.get("OUT", "/tmp/atomic_probe")
+T0 = time.time()
+BUDGET_S = 360  # no new problem starts past this (a device call is cut at 600 s)
+# dK/dV tiles (block_m, block_n, warps, stages) of dq_mode="atomic"; (dK/dV, dQ) tiles of the kernel mode
+ATOMIC = {64: [(64, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 3), (32, 64, 4, 4)],
+          128: [(32, 64, 4, 3), (32, 64, 4, 4), (16, 64, 4, 3), (16, 64, 4, 4)]}
+KERNEL = {64: [((64, 64, 4, 4), (64, 64, 4, 3))],
+          128: [((32, 64, 4, 3), (64, 64, 4, 3)), ((32, 64, 4, 4), (64, 32, 4, 3)), ((64, 128, 8, 2), (64, 64, 4, 3))]}
+
+
+def log(*args):
+    print(f"[{time.time() - T0:6.1f}s]", *args, flush=True)
+
+
+def variants(q, k, v, o, lse, do, causal, D):
+    """Functions of no arguments, each returning (dq, dk, dv)."""
+    leaves = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+    graph = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+    fns = {"sdpa": lambda: torch.autograd.grad(graph, leaves, do, retain_graph=True),
+           "kernel (tuned)": lambda: fb.attention_backward_fast(q, k, v, o, lse, do, causal=causal)}
+    for tiles in ATOMIC[D]:
+        fns[f"atomic {tiles}"] = lambda t=tiles: fb.attention_backward_fast(q, k, v, o, lse, do, causal=causal,
+                                                                            dq_mode="atomic", dkdv_tiles=t)
+    for dkdv, dq in KERNEL[D]:
+        fns[f"kernel {dkdv}+{dq}"] = lambda a=dkdv, b=dq: fb.attention_backward_fast(q, k, v, o, lse, do, causal=causal,
+                                                                                     dkdv_tiles=a, dq_tiles=b)
+    return fns
+
+
+def problem(dtype, D, causal, N):
+    B, H = 16384 // N, 16
+    gen = torch.Generator(device="cuda").manual_seed(N + D)
+    q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+    o, lse = attention_fast(q, k, v, causal=causal, return_lse=True)
+    fns = variants(q, k, v, o, lse, do, causal, D)
+    heads = (slice(0, 1), slice(0, 2))
+    ref = _grads_float64(q[heads], k[heads], v[heads], do[heads], causal)
+    errors = {}
+    for name, fn in list(fns.items()):
+        try:
+            errors[name] = [rel_error(g[heads], r) for g, r in zip(fn(), ref, strict=True)]
+            torch.cuda.synchronize()
+        except Exception as err:  # noqa: BLE001 - one failure must not stop the others
+            errors[name] = f"{type(err).__name__}: {str(err)[:300]}"
+            fns.pop(name)
+    times = bench.time_rounds(fns, 3)
+    ms = {name: statistics.median(t) for name, t in times.items()}
+    flops = 4 * B * H * N * N * D * (0.5 if causal else 1) * 2.5
+    row = dict(dtype=str(dtype).replace("torch.", ""), D=D, causal=causal, N=N, B=B, ms=ms, rounds=times,
+               err=errors, tflops={name: flops / t / 1e9 for name, t in ms.items()},
+               ratio={name: ms["sdpa"] / t for name, t in ms.items()},
+               tuned=dict(dkdv=fb.picked_tiles("dkdv", D=D, dtype=dtype, L=N, causal=causal),
+                          dq=fb.picked_tiles("dq", D=D, dtype=dtype, L=N, causal=causal)))
+    return row, fns
+
+
+def kernel_times(fns, names):
+    """CUDA time per call of each kernel (torch.profiler, five calls) for the variants ``names``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for name in names:
+        if name not in fns:
+            continue
+        fns[name]()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fns[name]()
+            torch.cuda.synchronize()
+        out[name] = {e.key[:60]: round(e.self_device_time_total / 5 / 1e3, 4)
+                     for e in prof.key_averages() if e.self_device_time_total > 0}
+    return out
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    rows = []
+    for dtype in (torch.float16, torch.bfloat16):
+        for D in (64, 128):
+            for causal in (False, True):
+                for N in (4096, 16384):
+                    if time.time() - T0 > BUDGET_S:
+                        log("out of time, skipped", dtype, D, causal, N)
+                        continue
+                    try:
+                        row, fns = problem(dtype, D, causal, N)
+                        if dtype == torch.float16 and N == 16384 and not causal:
+                            atomic = [n for n in row["ms"] if n.startswith("atomic")]
+                            best = max(atomic, key=lambda n: row["ratio"][n], default=None)
+                            row["profile"] = kernel_times(fns, ["kernel (tuned)", best])
+                        rows.append(row)
+                        worst_error = {n: round(max(e), 5) if isinstance(e, list) else e for n, e in row["err"].items()}
+                        log(row["dtype"], D, "causal" if causal else "full", N,
+                            f"| kernel {row['ratio']['kernel (tuned)']:.3f} | max rel errors {worst_error}")
+                    except Exception:  # noqa: BLE001
+                        log("FAILED", dtype, D, causal, N, traceback.format_exc()[-800:])
+                    with open(os.path.join(OUT, "bwd_exp.json"), "w") as f:
+                        json.dump(rows, f, indent=1)
+                    torch.cuda.empty_cache()
+    log("SUMMARY: speed as a ratio to SDPA's backward (SDPA ms / variant ms)")
+    names = sorted({n for r in rows for n in r["ratio"] if n != "sdpa"})
+    for r in rows:
+        cells = " ".join(f"{n.replace('atomic ', 'a').replace('kernel ', 'k')}={r['ratio'][n]:.3f}"
+                         for n in names if n in r["ratio"])
+        log(r["dtype"][:4], r["D"], "C" if r["causal"] else "F", r["N"], cells)
+
+
+if __name__ == "__main__":
+    main()
