@@ -175,3 +175,18 @@ def resolve_options(variant: str, options: dict, defaults: dict, dtype: torch.dt
         if isinstance(defaults.get(key), bool) and not isinstance(value, bool):
             raise TypeError(f"{variant}: option {key} must be True or False, got {value!r}")
     return opts
+
+
+def remembered(cache: dict, key: tuple, options: dict, check):
+    """``check()`` (options after defaults and checks) computed once per distinct ``key`` and ``options`` in this
+    mode, then returned from ``cache``: checking costs the host as much as a short kernel takes on the GPU.
+    Options with an unhashable value are checked every time (and a bad option raises every time)."""
+    try:
+        full = (runtime.MODE, *key, tuple(sorted((k, type(v), v) for k, v in options.items())))
+        hash(full)
+    except TypeError:
+        return check()
+    if full not in cache:
+        cache[full] = check()
+    return cache[full]
+

@@ -32,3 +32,12 @@ def qkv(B, H, N, D, dtype, seed, contiguous=True):
             t = torch.randn(B, N, H, D, generator=gen).transpose(1, 2)
         tensors.append(t.to(device=runtime.DEVICE, dtype=dtype))
     return tensors
+
+
+def toy_hardware(clock=1000.0):
+    """A made-up GPU for the roofline model and its plots: small round numbers, one unknown peak."""
+    return {"name": "Toy GPU", "label": "toy numbers", "multiprocessors": 2, "l2_cache_bytes": 4096,
+            "shared_memory_per_sm_bytes": 1024, "registers_per_sm": 100, "register_bytes_per_sm": 400,
+            "total_memory_bytes": 3 * 2**30, "max_sm_clock_mhz": clock, "copy_bandwidth_gbps": 2000.0,
+            "matmul_tflops": {"float16": 100.0, "float32_ieee": 10.0, "bfloat16": None}}
+

@@ -7,6 +7,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from helpers import toy_hardware  # noqa: E402
 
 from flashattn import hardware, plots, recorded, roofline  # noqa: E402
 from flashattn.kernels import registry  # noqa: E402
@@ -29,12 +30,6 @@ def test_save_writes_the_same_bytes_twice(tmp_path):
     plt.close(fig)
 
 
-def _toy_hardware(clock=1000.0):
-    return {"name": "Toy GPU", "label": "toy numbers", "multiprocessors": 2, "l2_cache_bytes": 4096,
-            "shared_memory_per_sm_bytes": 1024, "registers_per_sm": 100, "register_bytes_per_sm": 400,
-            "total_memory_bytes": 3 * 2**30, "max_sm_clock_mhz": clock, "copy_bandwidth_gbps": 2000.0,
-            "matmul_tflops": {"float16": 100.0, "float32_ieee": 10.0, "bfloat16": None}}
-
 
 def _points():
     return [{"label": "matmul", "intensity": 500.0, "tflops": 80.0},
@@ -43,7 +38,7 @@ def _points():
 
 
 def test_plot_roofline_draws_the_roofs_and_the_points():
-    hw = _toy_hardware()
+    hw = toy_hardware()
     fig = plots.plot_roofline(_points(), hw)
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
@@ -72,7 +67,7 @@ def test_plot_roofline_with_the_recorded_hardware_and_no_usable_roof():
     assert hw["name"] in fig.axes[0].get_title()
     plt.close(fig)
     with pytest.raises(ValueError, match="roofs"):
-        plots.plot_roofline(_points(), _toy_hardware(), roofs=("bfloat16",))
+        plots.plot_roofline(_points(), toy_hardware(), roofs=("bfloat16",))
 
 
 def test_plot_memory_vs_n_from_the_recorded_rows():

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from helpers import toy_hardware
 
 from flashattn import recorded, roofline, runtime, traffic
 from flashattn.kernels import naive as naive_module
@@ -93,15 +94,9 @@ def test_fused_attention_has_higher_intensity_than_naive():
     assert naive < v2 < minimum
 
 
-def _toy_hardware(clock=1000.0):
-    return {"name": "Toy GPU", "label": "toy numbers", "multiprocessors": 2, "l2_cache_bytes": 4096,
-            "shared_memory_per_sm_bytes": 1024, "registers_per_sm": 100, "register_bytes_per_sm": 400,
-            "total_memory_bytes": 3 * 2**30, "max_sm_clock_mhz": clock, "copy_bandwidth_gbps": 2000.0,
-            "matmul_tflops": {"float16": 100.0, "float32_ieee": 10.0, "bfloat16": None}}
-
 
 def test_hierarchy_rows_by_hand():
-    rows = roofline.hierarchy_rows(_toy_hardware())
+    rows = roofline.hierarchy_rows(toy_hardware())
     assert [r["level"].split()[0] for r in rows] == ["HBM", "L2", "shared", "registers"]
     hbm, l2, smem, regs = rows
     assert hbm["total"] == 3 * 2**30 and hbm["bandwidth_gbps"] == 2000.0
@@ -109,14 +104,14 @@ def test_hierarchy_rows_by_hand():
     assert smem["per_sm"] == 1024 and smem["total"] == 2048
     assert smem["bandwidth_gbps"] == pytest.approx(128 * 2 * 1000e6 / 1e9)  # 128 B/clock/SM × 2 SMs × 1 GHz
     assert regs["per_sm"] == 400 and regs["total"] == 800
-    assert roofline.hierarchy_rows(_toy_hardware(clock=None))[2]["bandwidth_gbps"] is None
-    unknown = {**_toy_hardware(), "shared_memory_per_sm_bytes": None, "register_bytes_per_sm": None}
+    assert roofline.hierarchy_rows(toy_hardware(clock=None))[2]["bandwidth_gbps"] is None
+    unknown = {**toy_hardware(), "shared_memory_per_sm_bytes": None, "register_bytes_per_sm": None}
     assert [r["total"] for r in roofline.hierarchy_rows(unknown)[2:]] == [None, None]
     assert "| — | — |" in roofline.hierarchy_markdown(unknown)
 
 
 def test_hierarchy_markdown_has_a_row_per_level():
-    text = roofline.hierarchy_markdown(_toy_hardware())
+    text = roofline.hierarchy_markdown(toy_hardware())
     lines = text.splitlines()
     assert len(lines) == 2 + 4
     assert "2.0 TB/s" in lines[2] and "3.00 GiB" in lines[2]  # capacities in binary units

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from flashattn import runtime
-from flashattn.validate import INPUT_PRECISIONS, check_attention_inputs
+from flashattn.validate import INPUT_PRECISIONS, check_attention_inputs, remembered
 
 from . import launch_cache
 from .backward import check_o_lse_do
@@ -325,14 +325,7 @@ _checked: dict = {}
 
 def _check_options(dtype: torch.dtype, D: int, options: dict) -> dict:
     """``options`` after defaults and checks (bad ones raise); remembered per distinct call, like ``fast``'s."""
-    try:
-        key = (runtime.MODE, dtype, D, tuple(sorted((k, type(v), v) for k, v in options.items())))
-        hash(key)
-    except TypeError:  # an unhashable option value (a list of tiles): check it every time
-        return _checked_options(dtype, D, options)
-    if key not in _checked:
-        _checked[key] = _checked_options(dtype, D, options)
-    return dict(_checked[key])
+    return dict(remembered(_checked, (dtype, D), options, lambda: _checked_options(dtype, D, options)))
 
 
 def _checked_options(dtype: torch.dtype, D: int, options: dict) -> dict:

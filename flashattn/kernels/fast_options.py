@@ -12,7 +12,7 @@ import torch
 import triton
 
 from flashattn import runtime
-from flashattn.validate import TILE_KEYS, resolve_options
+from flashattn.validate import TILE_KEYS, remembered, resolve_options
 
 try:  # Gluon, Triton's lower-level language, is in recent releases only; without it, fast uses the Triton kernel
     from . import fast_gluon
@@ -157,14 +157,8 @@ def resolve(dtype: torch.dtype, D: int, causal: bool, options: dict, gluon_shape
     """``options`` (a call's keyword options) after defaults and checks; bad options raise. ``gluon_shapes``:
     the problem has as many keys as queries and one K/V head per query head (the Gluon kernel's cases).
     Remembered per distinct call: checking costs as much as a short kernel."""
-    try:
-        key = (runtime.MODE, dtype, D, causal, gluon_shapes, tuple(sorted((k, type(v), v) for k, v in options.items())))
-        hash(key)
-    except TypeError:  # an unhashable option value: check it the slow way (and let it raise)
-        return _check(dtype, D, causal, options, gluon_shapes)
-    if key not in _resolved:
-        _resolved[key] = _check(dtype, D, causal, options, gluon_shapes)
-    return _resolved[key]
+    return remembered(_resolved, (dtype, D, causal, gluon_shapes), options,
+                      lambda: _check(dtype, D, causal, options, gluon_shapes))
 
 
 def _check_values(opts: dict, dtype: torch.dtype, D: int, autotune: bool) -> None:

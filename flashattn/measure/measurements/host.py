@@ -47,11 +47,10 @@ def host_us(fn) -> float:
 def step_functions(q, k, v, do, causal) -> dict:
     """Functions of no arguments: fast's forward, its backward, the two called directly one after the other,
     a training step through the drop-in (autograd), and SDPA's training step."""
-    o, lse = attention_fast(q, k, v, causal=causal, return_lse=True)
-    _, training = _backward_fns(q, k, v, do, causal)
+    backward, training = _backward_fns(q, k, v, do, causal)
     return {
         "forward": lambda: attention_fast(q, k, v, causal=causal, return_lse=True),
-        "backward": lambda: attention_backward_fast(q, k, v, o, lse, do, causal=causal),
+        "backward": backward["fast"],
         "forward+backward, direct": lambda: attention_backward_fast(
             q, k, v, *attention_fast(q, k, v, causal=causal, return_lse=True), do, causal=causal),
         "drop-in step": training["fast"],
