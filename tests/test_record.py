@@ -23,6 +23,7 @@ def test_run_writes_provenance_and_merges(tmp_path, monkeypatch):
     monkeypatch.setitem(record.REGISTRY, "fake_measurement", {"fn": fake, "description": "a test"})
     monkeypatch.setitem(record.REGISTRY, "other", {"fn": lambda: {"x": 1}, "description": "another"})
     path = record.run(["fake_measurement"], tmp_path, command="pytest")
+    first_date = json.loads(path.read_text())["provenance"]["date"]
     path = record.run(["other"], tmp_path, command="pytest")
     doc = json.loads(path.read_text())
     assert set(doc["measurements"]) == {"fake_measurement", "other"}  # the second run kept the first
@@ -30,8 +31,10 @@ def test_run_writes_provenance_and_merges(tmp_path, monkeypatch):
     for key in ("gpu", "driver", "cuda", "torch", "triton", "date", "command"):
         assert key in prov
     assert prov["command"] == "pytest"
+    # each measurement keeps the date of the run that made it; the provenance has the latest run's
     entry = recorded.get("fake_measurement", data_dir=tmp_path)
-    assert entry["rows"][0]["ms"] == 1 and entry["recorded_at"] == prov["date"]
+    assert entry["rows"][0]["ms"] == 1 and entry["recorded_at"] == first_date
+    assert recorded.get("other", data_dir=tmp_path)["recorded_at"] == prov["date"]
     assert "recorded on" in recorded.label(entry)
 
 

@@ -136,6 +136,45 @@ def fast_backward_vs_sdpa() -> dict:
                      "dq, dk, dv on the first two heads of the first batch against float64 autograd"}
 
 
+
+# --- the kernels, as Nsight Compute sees them launched ------------------------------------------------
+
+KERNELS_PROBLEM = dict(B=4, H=16, N=4096, dtype="float16", causal=False)
+
+
+@measurement("backward_kernels_ncu",
+             description="Nsight Compute launch statistics of SDPA's backward kernels and the fast backward's "
+                         "(fp16, B4 H16 N4096, D 64/128)")
+def backward_kernels_ncu() -> dict:
+    from flashattn.measure import backward_kernels
+    from flashattn.measure.profile import NcuUnavailable
+
+    rows = []
+    for D in (64, 128):
+        problem = dict(KERNELS_PROBLEM, D=D)
+        dtype = getattr(torch, problem["dtype"])
+        q, k, v = runtime.random_qkv(problem["B"], problem["H"], problem["N"], D, dtype=dtype, seed_value=D)
+        o, lse = attention_fast(q, k, v, causal=problem["causal"], return_lse=True)
+        attention_backward_fast(q, k, v, o, lse, torch.randn_like(q), causal=problem["causal"])  # autotunes
+        pick = dict(D=D, dtype=dtype, L=problem["N"], causal=problem["causal"])
+        tiles = {name: picked_tiles(kernel, **pick) for name, kernel in (("dkdv_tiles", "dkdv"), ("dq_tiles", "dq"))}
+        tiles = {name: t for name, t in tiles.items() if t is not None}  # None: not autotuned (the defaults)
+        for backward in backward_kernels.BACKWARDS:
+            cfg = backward_kernels.target_config(backward, **problem, tiles=tiles if backward == "fast" else None)
+            try:
+                launches = backward_kernels.profile_backward(cfg)
+            except NcuUnavailable as err:
+                return {"rows": [], "error": str(err)}
+            rows.append({**cfg, "kernels": [{"kernel": x["kernel"], "grid": x["grid"], "block": x["block"],
+                                             "metrics": x["metrics"]} for x in launches]})
+            total = sum(backward_kernels.kernel_summary(x)["ms"] for x in launches)
+            print(f"  D={D} {backward}: {len(launches)} kernels, {total:.3f} ms", flush=True)
+    return {"rows": rows, "metrics": backward_kernels.METRICS,
+            "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+            "notes": "ncu --clock-control none, kernels matching " + backward_kernels.KERNEL_REGEX + "; the second "
+                     "of two calls; SDPA's backward through torch.autograd.grad, the fast backward given the "
+                     "fast forward's O and log-sum-exp, with the tiles autotuning picked in the recording process"}
+
 # --- memory -----------------------------------------------------------------------------------------
 
 MEMORY_N = (1024, 2048, 4096, 8192, 16384)

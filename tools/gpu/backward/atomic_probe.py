@@ -3,9 +3,9 @@
     python tools/gpu/backward/atomic_probe.py     # about 4.5 minutes on an H200; $OUT/bwd_exp.json, a table last
 
 fp16 and bf16, D 64 and 128, causal and not, N 4096 and 16384 (B·N = 16384, H = 16): SDPA's backward (cuDNN),
-the fast backward as it runs by default (dq_mode "kernel", autotuned), dq_mode "atomic" with 4-warp dK/dV tiles
-(two programs per SM: 255 registers or fewer each, no spills when compiled for sm_90), and a few other tiles of
-the kernel mode; every variant checked against float64 autograd on two heads, then timed in three interleaved
+the fast backward as it runs by default (dq_mode "kernel", autotuned), and dq_mode "atomic" with the dK/dV tiles
+of ``ATOMIC``: 4-warp programs of 64 keys (two per SM) against 8-warp programs of 128 keys (one per SM, half as
+many additions into dQ); every variant checked against float64 autograd on two heads, then timed in three interleaved
 rounds; a torch.profiler table of kernel times for one problem per head dimension. The summary gives each
 variant's speed as a ratio to SDPA's backward (SDPA time / variant time).
 """
@@ -27,12 +27,16 @@ from flashattn.reference import rel_error  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp/atomic_probe")
 T0 = time.time()
-BUDGET_S = 360  # no new problem starts past this (a device call is cut at 600 s)
+BUDGET_S = int(os.environ.get("PROBE_BUDGET_S", 360))  # no new problem starts past this (a device call is cut at 600 s)
 # dK/dV tiles (block_m, block_n, warps, stages) of dq_mode="atomic"; (dK/dV, dQ) tiles of the kernel mode
-ATOMIC = {64: [(64, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 3), (32, 64, 4, 4)],
-          128: [(32, 64, 4, 3), (32, 64, 4, 4), (16, 64, 4, 3), (16, 64, 4, 4)]}
-KERNEL = {64: [((64, 64, 4, 4), (64, 64, 4, 3))],
-          128: [((32, 64, 4, 3), (64, 64, 4, 3)), ((32, 64, 4, 4), (64, 32, 4, 3)), ((64, 128, 8, 2), (64, 64, 4, 3))]}
+# 4-warp programs of 64 keys (two per SM) against 8-warp programs of 128 keys (one per SM, half the dQ additions;
+# no spills for sm_90 at D = 64, a few dozen bytes at D = 128)
+ATOMIC = {64: [(64, 64, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 2)],
+          128: [(32, 64, 4, 3), (32, 128, 8, 3), (32, 128, 8, 2)]}
+KERNEL = {64: [], 128: []}
+# which problems: PROBE_D="64 128", PROBE_N="4096 16384" (the defaults)
+HEAD_DIMS = [int(x) for x in os.environ.get("PROBE_D", "64 128").split()]
+LENGTHS = [int(x) for x in os.environ.get("PROBE_N", "4096 16384").split()]
 
 
 def log(*args):
@@ -104,9 +108,9 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     rows = []
     for dtype in (torch.float16, torch.bfloat16):
-        for D in (64, 128):
+        for D in HEAD_DIMS:
             for causal in (False, True):
-                for N in (4096, 16384):
+                for N in LENGTHS:
                     if time.time() - T0 > BUDGET_S:
                         log("out of time, skipped", dtype, D, causal, N)
                         continue

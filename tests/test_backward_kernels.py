@@ -1,0 +1,80 @@
+"""The launch statistics of backward kernels (notebook 12, section 6): the ncu target, and parsing what ncu wrote."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import TOL
+
+from flashattn.measure import backward_kernels, profile
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_parse_a_captured_sdpa_backward():
+    """Two calls of SDPA's backward (cuDNN, D = 128) as ncu printed them on the H200: the second call's three
+    kernels, and their numbers under short names."""
+    rows = profile.parse_ncu_csv((FIXTURES / "ncu_backward_sdpa_h200.csv").read_text())
+    launches = backward_kernels.second_call(rows)
+    assert [r["kernel"].split("(")[0].split("<")[0] for r in launches] == [
+        "void cudnn::compute_dot_do_o_specialized", "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16"
+        "_knob_26_64x64x128_1x4x1_cga1x1x1_kernel0_0", "void cudnn::convert_dq_to_16bits"]
+    main = backward_kernels.kernel_summary(launches[1])
+    assert main["grid"] == 132 and main["threads"] == 384 and main["registers"] == 168
+    assert main["shared_kib"] == pytest.approx(216064 / 1024)
+    assert main["ms"] == pytest.approx(2.29952) and main["tensor_busy_pct"] == pytest.approx(65.81)
+
+
+def test_second_call_refuses_uneven_launches():
+    a, b = {"kernel": "a"}, {"kernel": "b"}
+    with pytest.raises(profile.NcuUnavailable, match="got 3 launches"):
+        backward_kernels.second_call([a, b, a])
+    with pytest.raises(profile.NcuUnavailable, match="different kernels"):
+        backward_kernels.second_call([a, b, b, a])
+    with pytest.raises(profile.NcuUnavailable, match="got 0 launches"):
+        backward_kernels.second_call([])
+    assert backward_kernels.second_call([a, b, a, b]) == [a, b]
+
+
+def test_target_config_checks_its_arguments():
+    cfg = backward_kernels.target_config("fast", B=1, H=2, N=17, D=16, tiles={"dq_tiles": (16, 16, 4, 1)})
+    assert cfg["tiles"] == {"dq_tiles": [16, 16, 4, 1]} and cfg["dtype"] == "float16"
+    with pytest.raises(ValueError, match="backward must be one of sdpa, fast"):
+        backward_kernels.target_config("flash", B=1, H=1, N=1, D=16)
+    with pytest.raises(ValueError, match="dtype must be"):
+        backward_kernels.target_config("sdpa", B=1, H=1, N=1, D=16, dtype="float64")
+    with pytest.raises(ValueError, match="tiles takes dkdv_tiles and dq_tiles"):
+        backward_kernels.target_config("fast", B=1, H=1, N=1, D=16, tiles={"block_m": 16})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_target_runs_both_backwards_on_the_same_problem(causal):
+    """What ncu profiles computes the gradients: SDPA's and the fast backward's agree on the target's inputs."""
+    problem = dict(B=2, H=2, N=17, D=16, dtype="float32", causal=causal)
+    sdpa = backward_kernels.run_target(backward_kernels.target_config("sdpa", **problem), calls=1)
+    fast = backward_kernels.run_target(backward_kernels.target_config("fast", **problem), calls=2)
+    for ours, theirs in zip(fast, sdpa, strict=True):  # each within TOL of float64, so within 2·TOL of each other
+        assert torch.isfinite(ours).all()
+        assert ((ours.double() - theirs.double()).norm() / theirs.double().norm()).item() < 2 * TOL[torch.float32]
+
+
+def test_without_ncu_the_error_says_so(monkeypatch):
+    monkeypatch.setattr(backward_kernels, "find_ncu", lambda: None)
+    cfg = backward_kernels.target_config("sdpa", B=1, H=1, N=16, D=16)
+    with pytest.raises(profile.NcuUnavailable, match="not installed"):
+        backward_kernels.profile_backward(cfg)
+
+
+def test_ncu_command_profiles_only_backward_kernels():
+    cfg = backward_kernels.target_config("sdpa", B=1, H=1, N=16, D=16)
+    cmd = backward_kernels.ncu_command("ncu", cfg)
+    assert cmd[cmd.index("--kernel-name") + 1] == "regex:" + backward_kernels.KERNEL_REGEX
+    assert cmd[-2:] == ["flashattn.measure.backward_kernels", json.dumps(cfg)]
+    for name in ("bwd_dkdv_fast", "bwd_dq_fast", "bwd_preprocess_fast", "cudnn_generated_fort_native_sdpa_sm90_"
+                 "flash_bprop_wgmma_f16_knob_26", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel"):
+        assert re.search(backward_kernels.KERNEL_REGEX, name), name
+    for name in ("attn_kernel_fast", "attn_kernel_gluon", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma",
+                 "flash_fwd_kernel"):
+        assert not re.search(backward_kernels.KERNEL_REGEX, name), name
