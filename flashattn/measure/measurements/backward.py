@@ -17,6 +17,8 @@ from flashattn.kernels.backward import attention_backward
 from flashattn.kernels.fast import attention_fast
 from flashattn.kernels.fast_backward import attention_backward_fast, picked_tiles
 from flashattn.kernels.v2 import attention_v2
+from flashattn.measure import backward_kernels
+from flashattn.measure.profile import NcuUnavailable
 from flashattn.models.roofline import attention_flops
 from flashattn.record import measurement
 from flashattn.reference import rel_error
@@ -146,9 +148,6 @@ KERNELS_PROBLEM = dict(B=4, H=16, N=4096, dtype="float16", causal=False)
              description="Nsight Compute launch statistics of SDPA's backward kernels and the fast backward's "
                          "(fp16, B4 H16 N4096, D 64/128)")
 def backward_kernels_ncu() -> dict:
-    from flashattn.measure import backward_kernels
-    from flashattn.measure.profile import NcuUnavailable
-
     rows = []
     for D in (64, 128):
         problem = dict(KERNELS_PROBLEM, D=D)
