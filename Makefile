@@ -59,7 +59,7 @@ bench: $(STAMP)
 figures: $(STAMP)
 	$(BIN)/python -m flashattn.teaching.figures
 
-# The test suite on a GPU machine: every test file in one run (under ten minutes on one H200 with 16 cores).
+# The test suite on a GPU machine: every test file in one run.
 # Most of its time is compiling kernels on the CPU, so with pytest-xdist it runs WORKERS processes (default:
 # three quarters of the cores, at most 12) sharing the GPUs, each pinned to one GPU in turn.
 #   make gpu-test              every test file

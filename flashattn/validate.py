@@ -190,3 +190,17 @@ def remembered(cache: dict, key: tuple, options: dict, check):
         cache[full] = check()
     return cache[full]
 
+
+def check_o_lse_do(q, o, lse, do, *, variant: str) -> None:
+    """What the backward takes beyond the forward's inputs: ``o`` and ``do`` tensors like q, and ``lse`` the
+    forward's float32 log-sum-exp, one per query row (q's first three dimensions). Used by both backwards."""
+    def describe(t):
+        return f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+    for name, t in (("o", o), ("do", do)):
+        if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"{variant}: {name} must be a tensor like q, {describe(q)}; got {describe(t)}")
+    rows = tuple(q.shape[:3])
+    if not isinstance(lse, torch.Tensor) or lse.shape != rows or lse.dtype != torch.float32 or lse.device != q.device:
+        raise ValueError(f"{variant}: lse must be the forward's float32 log-sum-exp, one per query row: {rows} "
+                         f"(q's first three dimensions) on {q.device}; got {describe(lse)}")

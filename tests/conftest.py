@@ -1,11 +1,11 @@
 """Test settings shared by every test file, and what the GPU suite needs to be practical (``make gpu-test``).
 
-* pytest-xdist workers (``pytest -n 12``; ``make gpu-test`` uses three quarters of the cores): with several
+* pytest-xdist workers (``pytest -n 12``; ``make gpu-test`` uses three quarters of the cores, at most 12): with several
   GPUs each worker is pinned to one of them in turn through ``CUDA_VISIBLE_DEVICES``, set here before anything
   imports torch; with one GPU they share it (most of the suite's time is compiling kernels on the CPU).
 * ``--gpu-part K/N``: run the K-th of N parts of the suite (whole test files, balanced by the seconds
   ``tests/gpu_durations.json`` records per file, or by their number of tests where it has none), so that
-  the GPU suite fits runs of ten minutes each: ``make gpu-test PART=1`` then ``PART=2``.
+  the GPU suite can run as shorter runs: ``make gpu-test PART=1`` then ``PART=2``.
 * ``--record-durations PATH``: write the seconds each test file took (the input of ``--gpu-part``).
 """
 
@@ -128,4 +128,3 @@ def _write_durations() -> None:
         old = json.loads(path.read_text()) if path.exists() else {}
         merged = {**old, **{f: round(s, 1) for f, s in _seconds_per_file.items()}}  # a part updates its own files
         path.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
-

@@ -40,4 +40,3 @@ def toy_hardware(clock=1000.0):
             "shared_memory_per_sm_bytes": 1024, "registers_per_sm": 100, "register_bytes_per_sm": 400,
             "total_memory_bytes": 3 * 2**30, "max_sm_clock_mhz": clock, "copy_bandwidth_gbps": 2000.0,
             "matmul_tflops": {"float16": 100.0, "float32_ieee": 10.0, "bfloat16": None}}
-

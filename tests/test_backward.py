@@ -143,7 +143,6 @@ def test_backward_large_head_dims(D):
         assert max(run_backward(attention_backward, q, k, v, do, False)) < TOL[torch.float16]
 
 
-
 @GPU
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])

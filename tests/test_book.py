@@ -129,7 +129,7 @@ def book(tmp_path_factory) -> dict:
     """The built book: ``{"dir", "source", "info", "pages": {name: Page}}``."""
     missing = [m for m in ("nbconvert", "jupyter_server_mathjax") if importlib.util.find_spec(m) is None]
     if missing and not os.environ.get("FLASHATTN_BOOK_DIR"):
-        pytest.skip(f"building the book needs {', '.join(missing)} (make setup installs them with the lab extras)")
+        pytest.skip(f"building the book needs {', '.join(missing)} (make setup installs them with the test extras)")
     if os.environ.get("FLASHATTN_BOOK_DIR"):
         out = Path(os.environ["FLASHATTN_BOOK_DIR"]).resolve()
         source = Path(json.loads((out / "_build.json").read_text())["source"])

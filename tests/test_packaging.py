@@ -100,4 +100,3 @@ def test_xdist_workers_are_pinned_to_their_own_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     conftest._pin_xdist_worker_to_a_gpu()  # not a worker: every GPU stays visible
     assert conftest.os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
-

@@ -30,7 +30,6 @@ def test_save_writes_the_same_bytes_twice(tmp_path):
     plt.close(fig)
 
 
-
 def _points():
     return [{"label": "matmul", "intensity": 500.0, "tflops": 80.0},
             {"label": "naive", "intensity": 5.0},

@@ -176,6 +176,21 @@ def test_ncu_profile_with_a_fake_ncu_keeps_the_second_call(tmp_path, monkeypatch
     assert "sm__warps_active.avg.pct_of_peak_sustained_active" not in launches[0]["metrics"]  # not asked for
 
 
+@pytest.mark.parametrize("kernels, message", [
+    (["scores_kernel", "softmax_kernel", "scores_kernel"], "got 3 launches for 1"),
+    (["scores_kernel", "softmax_kernel", "softmax_kernel", "scores_kernel"], "launched different kernels"),
+])
+def test_ncu_profile_refuses_calls_that_differ(tmp_path, monkeypatch, kernels, message):
+    """Launches that cannot be two identical calls are refused, not sliced into a wrong second call."""
+    fake = tmp_path / "ncu"
+    fake.write_text(f"#!{sys.executable}\nprint({_traffic_csv(kernels)!r})\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(profile, "find_ncu", lambda: str(fake))
+    cfg = profile.target_config("naive", B=1, H=1, N=64, D=16)
+    with pytest.raises(profile.NcuUnavailable, match=message):
+        profile.ncu_profile([cfg], ["dram__bytes_read.sum"], kernel_regex=profile.kernel_regex("naive"))
+
+
 def test_ncu_profile_refused_permission(tmp_path, monkeypatch):
     fake = tmp_path / "ncu"
     fake.write_text("#!/bin/sh\necho '==ERROR== ERR_NVGPUCTRPERM - The user does not have permission' >&2\nexit 1\n")
@@ -238,4 +253,3 @@ def test_profile_rows_merge_the_gpu_side_of_a_label():
     v2 = rows[0]
     assert (v2["calls"], v2["cpu_ms"], v2["self_cpu_ms"], v2["device_ms"]) == (1, 0.9, 0.05, 0.45)
     assert rows[2]["self_device_ms"] == 0.4 and rows[2]["calls"] == 2
-

@@ -94,7 +94,6 @@ def test_fused_attention_has_higher_intensity_than_naive():
     assert naive < v2 < minimum
 
 
-
 def test_hierarchy_rows_by_hand():
     rows = roofline.hierarchy_rows(toy_hardware())
     assert [r["level"].split()[0] for r in rows] == ["HBM", "L2", "shared", "registers"]
@@ -146,8 +145,6 @@ def test_naive_oom_n_matches_the_recorded_out_of_memory_point():
     memory = recorded.get("device")["properties"]["total_memory_bytes"]
     dtype_bytes = torch.empty(0, dtype=getattr(torch, m["dtype"])).element_size()
     assert roofline.naive_oom_n(memory, m["B"], m["H"], m["D"], dtype_bytes) == min(ooms)
-
-
 
 
 def test_attention_flops_convention():

@@ -26,7 +26,7 @@ from flashattn import runtime
 
 from ._check import ExerciseFailed, exercise
 from .attention_cases import Case
-from .triton_check import Buffer, check_writes, close, launch, require_jit, tolerance
+from .triton_check import SHAPE_ERRORS, Buffer, check_writes, close, launch, require_jit, tolerance
 
 BLOCK = 32  # BLOCK_M = BLOCK_N: a row/column mix-up then runs, and the models can name it
 D = 16      # not the block size: a missing transpose fails to compile instead of mixing D with keys
@@ -202,8 +202,9 @@ def _run(step, case: Case, seed: int):
         if "NoneType" in text or "None" in text.splitlines()[-1]:
             raise ExerciseFailed(f"{text}\nHint: the step must end with `return dsij` (a (BLOCK_M, BLOCK_N) "
                                  "tile).") from err
-        if any(key in text for key in ("reduction dimensions", "incompatible dimensions", "not compatible for matmul")):
-            raise ExerciseFailed(f"{text}\nHint: tl.dot multiplies (M, K) by (K, N); qi, doi are (BLOCK_M, D) "
+        if any(key in text for key in SHAPE_ERRORS):  # this step's own hint, in place of the general one
+            without_hint = text.split("\nHint: ")[0]
+            raise ExerciseFailed(f"{without_hint}\nHint: tl.dot multiplies (M, K) by (K, N); qi, doi are (BLOCK_M, D) "
                                  "and kj, vj (BLOCK_N, D), so both products need the transpose: "
                                  "tl.dot(doi, tl.trans(vj)).") from err
         raise

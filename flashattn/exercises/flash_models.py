@@ -120,7 +120,7 @@ def v1_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: floa
     0, causal ignored), "zero" (masked scores set to 0). guard=False: a fully masked row exponentiates
     against its block max -inf (NaN). exponent: "block" (exp(s - mij)), "new" (exp(s - mi_new), beta
     still applied), "old" (exp(s - mi), the max before this block). division: "undo"
-    ((alpha·li·oi + beta·pv) / li_new), "none", "no_undo" ((alpha·oi + beta·pv) / li_new), "old_l" (/ li).
+    ((alpha·li·oi + beta·pv) / li_new), "none", "no_undo" ((alpha·oi + beta·pv) / li_new).
     """
     BH, N, D = q.shape
     o = torch.zeros_like(q)
@@ -149,7 +149,7 @@ def v1_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: floa
             li_new = a * li + (b if beta_l else 1.0) * pij.sum(-1)
             pv = (b[..., None] if beta_o else 1.0) * (pij @ vj)
             kept = a[..., None] * (li[..., None] * oi if division != "no_undo" else oi) + pv
-            o[:, rows] = kept if division == "none" else kept / (li if division == "old_l" else li_new)[..., None]
+            o[:, rows] = kept if division == "none" else kept / li_new[..., None]
             row_sum[:, rows], row_max[:, rows] = li_new, mi_new
     return o
 

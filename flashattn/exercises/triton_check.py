@@ -207,17 +207,17 @@ def check_writes(out: Buffer, name: str, where: str, how: str, far: str | None =
             f"{out.where(first)}. {advice}")
 
 
-_HINTS = (
-    ("arange's range must be a power of 2", "tl.arange(0, n) needs n to be a power of two and a constexpr: "
+SHAPE_ERRORS = ("incompatible dimensions", "not compatible for matmul", "reduction dimensions")
+_HINTS = (  # (what the error says, any of them; the hint)
+    (("arange's range must be a power of 2",), "tl.arange(0, n) needs n to be a power of two and a constexpr: "
      "use the BLOCK size and a mask for the ragged end."),
-    ("arange's arguments must be of type tl.constexpr", "tl.arange needs constexpr bounds: use the BLOCK "
+    (("arange's arguments must be of type tl.constexpr",), "tl.arange needs constexpr bounds: use the BLOCK "
      "parameters (declared `: tl.constexpr`), not N."),
-    ("must be >= 16", "tl.dot needs at least 16 along every dimension."),
-    ("Both operands must be same dtype", "tl.dot multiplies two tiles of the same dtype: convert the "
+    (("must be >= 16",), "tl.dot needs at least 16 along every dimension."),
+    (("Both operands must be same dtype",), "tl.dot multiplies two tiles of the same dtype: convert the "
      "float32 one, e.g. p.to(v.dtype), before the product."),
-    ("incompatible dimensions", "the shapes of the two tl.dot operands do not fit: (M, K) times (K, N)."),
-    ("not compatible for matmul", "the shapes of the two tl.dot operands do not fit: (M, K) times (K, N)."),
-    ("Cannot make_shape_compatible", "two tiles of different shapes were combined: check which offsets "
+    (SHAPE_ERRORS, "the shapes of the two tl.dot operands do not fit: (M, K) times (K, N)."),
+    (("Cannot make_shape_compatible",), "two tiles of different shapes were combined: check which offsets "
      "get [:, None] and which get [None, :]."),
 )
 
@@ -240,7 +240,7 @@ def describe_error(err: BaseException) -> str:
     while chain[-1].__cause__ is not None and chain[-1].__cause__ not in chain and len(chain) < 10:
         chain.append(chain[-1].__cause__)
     texts = [str(e).strip() or type(e).__name__ for e in chain]
-    hint = next((h for key, h in _HINTS if any(key in t for t in texts)), "")
+    hint = next((h for keys, h in _HINTS if any(key in t for key in keys for t in texts)), "")
     shown = texts[-2:]  # the learner's line, then the reason (the innermost error alone where there is one)
     if len(shown) == 2 and shown[1] in shown[0]:  # Triton's message already quotes the reason
         shown = shown[:1]

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from flashattn import runtime
-from flashattn.validate import check_kernel_inputs, resolve_options
+from flashattn.validate import check_kernel_inputs, check_o_lse_do, resolve_options
 
 
 @triton.jit
@@ -159,21 +159,6 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
     else:
         tiles = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 8, 2), 128: (32, 64, 8, 1)}.get(D, (16, 16, 4, 1))
     return dict(zip(("block_m", "block_n", "num_warps", "num_stages"), tiles, strict=True), input_precision="ieee")
-
-
-def check_o_lse_do(q, o, lse, do, *, variant: str) -> None:
-    """What the backward takes beyond the forward's inputs: ``o`` and ``do`` tensors like q, and ``lse`` the
-    forward's float32 log-sum-exp, one per query row (q's first three dimensions). Used by both backwards."""
-    def describe(t):
-        return f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-
-    for name, t in (("o", o), ("do", do)):
-        if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
-            raise ValueError(f"{variant}: {name} must be a tensor like q, {describe(q)}; got {describe(t)}")
-    rows = tuple(q.shape[:3])
-    if not isinstance(lse, torch.Tensor) or lse.shape != rows or lse.dtype != torch.float32 or lse.device != q.device:
-        raise ValueError(f"{variant}: lse must be the forward's float32 log-sum-exp, one per query row: {rows} "
-                         f"(q's first three dimensions) on {q.device}; got {describe(lse)}")
 
 
 def check_backward_inputs(q, k, v, o, lse, do, *, variant: str, causal, scale):

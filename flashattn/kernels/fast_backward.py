@@ -35,10 +35,9 @@ import triton
 import triton.language as tl
 
 from flashattn import runtime
-from flashattn.validate import INPUT_PRECISIONS, check_attention_inputs, remembered
+from flashattn.validate import INPUT_PRECISIONS, check_attention_inputs, check_o_lse_do, remembered
 
 from . import launch_cache
-from .backward import check_o_lse_do
 from .constants import LOG2_E
 
 try:  # host-side TMA descriptors (Triton >= 3.4)

@@ -2,9 +2,9 @@
 
 ``kernel[grid](*args)`` binds the arguments, works out how each one specializes the kernel (pointer
 alignment, integers divisible by 16, descriptor tiles), looks the compiled kernel up, and only then
-launches it: on the H200's host that is about as long again as the launch itself, and a short attention
-kernel runs for only a few times as long on the GPU. When the host takes longer to issue the kernels than
-the GPU takes to run them, the GPU waits, and a timing measures the host. :func:`launch` does the
+launches it, on every call. A short attention kernel runs for not much longer on the GPU than that takes on
+the host (the recorded measurement ``host_time`` has both). When the host takes longer to issue the kernels
+than the GPU takes to run them, the GPU waits, and a timing measures the host. :func:`launch` does the
 bookkeeping once per distinct call and afterwards launches the compiled kernel directly.
 
 Its key is stricter than Triton's specialization (every integer exactly, every tensor's dtype, device and

@@ -4,7 +4,7 @@ For SDPA's backward (cuDNN on the H200) and the fast backward, on the same probl
 threads per block, registers per thread, shared memory per block, duration, and how busy the tensor cores
 were. ncu runs this module as its target::
 
-    ncu --kernel-name regex:'bprop|bwd|dot_do_o|convert_dq' ... python -m flashattn.measure.backward_kernels CFG
+    ncu --kernel-name regex:'bprop|bwd|dot_do_o|convert_dq' ... python -m flashattn.measure.backward_kernels '[CFG]'
 
 where CFG is the JSON of :func:`target_config`. The target calls the backward twice (the first call compiles
 and plans); :func:`profile_backward` keeps the second call's launches.
@@ -13,15 +13,15 @@ and plans); :func:`profile_backward` keeps the second call's launches.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import torch
 
 from flashattn import runtime
+from flashattn.kernels.fast import attention_fast
+from flashattn.kernels.fast_backward import attention_backward_fast
 
-from .profile import NcuUnavailable, find_ncu, parse_ncu_csv
+from .profile import ncu_profile
 
 METRICS = [
     "launch__grid_size",
@@ -55,9 +55,6 @@ def target_config(backward: str, *, B: int, H: int, N: int, D: int, dtype: str =
 
 def run_target(cfg: dict, calls: int = 2):
     """Run ``cfg``'s backward ``calls`` times (what ncu profiles); returns the last call's dq, dk, dv."""
-    from flashattn.kernels.fast import attention_fast
-    from flashattn.kernels.fast_backward import attention_backward_fast
-
     dtype = getattr(torch, cfg["dtype"])
     q, k, v = runtime.random_qkv(cfg["B"], cfg["H"], cfg["N"], cfg["D"], dtype=dtype, seed_value=1)
     do = runtime.random_qkv(cfg["B"], cfg["H"], cfg["N"], cfg["D"], dtype=dtype, seed_value=2)[0]
@@ -80,38 +77,12 @@ def run_target(cfg: dict, calls: int = 2):
     return grads
 
 
-def ncu_command(ncu: str, cfg: dict) -> list[str]:
-    return [ncu, "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base",
-            "--metrics", ",".join(METRICS), "--kernel-name", f"regex:{KERNEL_REGEX}",
-            sys.executable, "-m", "flashattn.measure.backward_kernels", json.dumps(cfg)]
-
-
-def second_call(rows: list[dict]) -> list[dict]:
-    """The launches of the second of two identical calls: the second half of ``rows``."""
-    if not rows or len(rows) % 2:
-        raise NcuUnavailable(f"expected the same kernels launched by two calls, got {len(rows)} launches: "
-                             f"{[r['kernel'] for r in rows]}")
-    first, second = rows[: len(rows) // 2], rows[len(rows) // 2:]
-    if [r["kernel"] for r in first] != [r["kernel"] for r in second]:
-        raise NcuUnavailable("the two calls launched different kernels: "
-                             f"{[r['kernel'] for r in first]} then {[r['kernel'] for r in second]}")
-    return second
-
-
 def profile_backward(cfg: dict, timeout: int = 300) -> list[dict]:
-    """ncu's :data:`METRICS` for each kernel of ``cfg``'s backward (one call, after a first one)."""
-    ncu = find_ncu()
-    if ncu is None:
-        raise NcuUnavailable("Nsight Compute (ncu) is not installed or not on PATH")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
-        p for p in (str(runtime.REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run(ncu_command(ncu, cfg), capture_output=True, text=True, timeout=timeout, env=env)
-    if proc.returncode != 0:
-        raise NcuUnavailable(f"ncu failed (exit {proc.returncode}): {(proc.stdout + proc.stderr).strip()[-800:]}")
-    rows = parse_ncu_csv(proc.stdout)
-    for row in rows:
-        row["metrics"] = {name: row["metrics"].get(name) for name in METRICS}
-    return second_call(rows)
+    """ncu's :data:`METRICS` (and its launch facts) for each kernel of ``cfg``'s backward, one call after a
+    first one (:func:`flashattn.measure.profile.ncu_profile`, with this module as the target)."""
+    (launches,) = ncu_profile([cfg], METRICS, kernel_regex=KERNEL_REGEX, timeout=timeout,
+                              module="flashattn.measure.backward_kernels")
+    return launches
 
 
 def kernel_summary(kernel: dict) -> dict:
@@ -124,5 +95,6 @@ def kernel_summary(kernel: dict) -> dict:
             "tensor_busy_pct": m.get("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")}
 
 
-if __name__ == "__main__":
-    run_target(json.loads(sys.argv[1]))
+if __name__ == "__main__":  # the target ncu runs: a JSON list of target_config dicts
+    for cfg in json.loads(sys.argv[1]):
+        run_target(cfg)

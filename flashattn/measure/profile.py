@@ -41,12 +41,14 @@ def find_ncu() -> str | None:
     return None
 
 
-def ncu_command(ncu: str, target: list[dict], metrics: list[str], kernel_regex: str) -> list[str]:
-    """The command line: profile every launch of the kernels matching ``kernel_regex``."""
+def ncu_command(ncu: str, target: list[dict], metrics: list[str], kernel_regex: str,
+                module: str = "flashattn.measure.profile") -> list[str]:
+    """The command line: profile every launch of the kernels matching ``kernel_regex`` while ``python -m
+    module TARGET_JSON`` runs each configuration of ``target`` twice."""
     return [
         ncu, "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base",
         "--metrics", ",".join(metrics), "--kernel-name", f"regex:{kernel_regex}",
-        sys.executable, "-m", "flashattn.measure.profile", json.dumps(target),
+        sys.executable, "-m", module, json.dumps(target),
     ]
 
 
@@ -91,8 +93,9 @@ def keep_metrics(metrics: dict, wanted: list[str]) -> dict:
 
 
 def ncu_profile(target: list[dict], metrics: list[str], kernel_regex: str = "attn_kernel",
-                timeout: int = 600) -> list[dict]:
-    """Profile each configuration in ``target`` (run twice: warm-up, then profiled) with ncu.
+                timeout: int = 600, module: str = "flashattn.measure.profile") -> list[dict]:
+    """Profile each configuration in ``target`` (run twice: warm-up, then profiled) with ncu; ``module`` is
+    the target program (``python -m module TARGET_JSON``; this module's runs forward variants).
 
     Returns one parsed row per configuration, in order (the warm-up launches are dropped).
     """
@@ -100,7 +103,7 @@ def ncu_profile(target: list[dict], metrics: list[str], kernel_regex: str = "att
     if ncu is None:
         raise NcuUnavailable("Nsight Compute (ncu) is not installed or not on PATH")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(ncu_command(ncu, target, metrics, kernel_regex), capture_output=True, text=True,
+    proc = subprocess.run(ncu_command(ncu, target, metrics, kernel_regex, module), capture_output=True, text=True,
                           timeout=timeout, env=env)
     text = proc.stdout + "\n" + proc.stderr
     if "ERR_NVGPUCTRPERM" in text or "permission" in text.lower() and proc.returncode != 0:
@@ -110,11 +113,20 @@ def ncu_profile(target: list[dict], metrics: list[str], kernel_regex: str = "att
     rows = parse_ncu_csv(proc.stdout)
     for row in rows:  # the raw page also lists device attributes and launch statistics: keep what was asked
         row["metrics"] = keep_metrics(row["metrics"], metrics)
+    # every configuration launches warm-up then measured, the same kernels each time (naive: three a call)
     per_config = len(rows) // len(target) if target else 0
-    if per_config < 2:
-        raise NcuUnavailable(f"expected two profiled launches per configuration, got {len(rows)} for {len(target)}")
-    # every configuration launches warm-up then measured; naive launches three kernels per call
-    return [rows[i * per_config + per_config // 2: (i + 1) * per_config] for i in range(len(target))]
+    if per_config < 2 or per_config % 2 or per_config * len(target) != len(rows):
+        raise NcuUnavailable(f"expected the same kernels launched by two calls of each configuration, got "
+                             f"{len(rows)} launches for {len(target)}: {[r['kernel'] for r in rows][:12]}")
+    second_calls = []
+    for i in range(len(target)):
+        mine = rows[i * per_config: (i + 1) * per_config]
+        first, second = mine[: per_config // 2], mine[per_config // 2:]
+        if [r["kernel"] for r in first] != [r["kernel"] for r in second]:
+            raise NcuUnavailable(f"the two calls of configuration {i} launched different kernels: "
+                                 f"{[r['kernel'] for r in first]} then {[r['kernel'] for r in second]}")
+        second_calls.append(second)
+    return second_calls
 
 
 def _run_target(target: list[dict]) -> None:
@@ -135,6 +147,7 @@ def _run_target(target: list[dict]) -> None:
 # ---------------------------------------------------------------- the metrics and the learner's commands
 #
 # Metric names are those that worked with Nsight Compute 2025.3 on an H200 (see the course's source notes).
+
 
 SECTOR_BYTES = 32  # the L2 works in 32-byte sectors
 
@@ -174,6 +187,7 @@ METRIC_MEANINGS = {
     **{f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio":
        f"of those cycles, stalled on '{reason.replace('_', ' ')}'" for reason in STALL_REASONS},
 }
+
 
 def kernel_regex(variants) -> str:
     """An ncu ``--kernel-name regex:`` that matches the kernels of every variant in ``variants``."""

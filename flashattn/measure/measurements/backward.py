@@ -138,7 +138,6 @@ def fast_backward_vs_sdpa() -> dict:
                      "dq, dk, dv on the first two heads of the first batch against float64 autograd"}
 
 
-
 # --- the kernels, as Nsight Compute sees them launched ------------------------------------------------
 
 KERNELS_PROBLEM = dict(B=4, H=16, N=4096, dtype="float16", causal=False)
@@ -175,6 +174,7 @@ def backward_kernels_ncu() -> dict:
                      "fast forward's O and log-sum-exp, with the tiles autotuning picked in the recording process"}
 
 # --- memory -----------------------------------------------------------------------------------------
+
 
 MEMORY_N = (1024, 2048, 4096, 8192, 16384)
 MEMORY = dict(B=1, H=16, D=64, dtype="float16")

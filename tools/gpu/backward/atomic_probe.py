@@ -19,21 +19,21 @@ import traceback
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
 import torch  # noqa: E402
 
-from flashattn import bench  # noqa: E402
+from flashattn import bench, runtime  # noqa: E402
 from flashattn.kernels import fast_backward as fb  # noqa: E402
 from flashattn.kernels.fast import attention_fast  # noqa: E402
-from flashattn.measure.measurements.backward import _grads_float64  # noqa: E402
+from flashattn.measure.measurements.backward import BACKWARD_FACTOR, _grads_float64  # noqa: E402
+from flashattn.models.roofline import attention_flops  # noqa: E402
 from flashattn.reference import rel_error  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp/atomic_probe")
 T0 = time.time()
 BUDGET_S = int(os.environ.get("PROBE_BUDGET_S", 360))  # no new problem starts past this (a device call is cut at 600 s)
-# dK/dV tiles (block_m, block_n, warps, stages) of dq_mode="atomic"; (dK/dV, dQ) tiles of the kernel mode
-# 4-warp programs of 64 keys (two per SM) against 8-warp programs of 128 keys (one per SM, half the dQ additions;
-# no spills for sm_90 at D = 64, a few dozen bytes at D = 128)
+# dK/dV tiles (block_m, block_n, warps, stages) of dq_mode="atomic": 4-warp programs of 64 keys (two per SM)
+# against 8-warp programs of 128 keys (one per SM, half the dQ additions; no spills for sm_90 at D = 64, a few
+# dozen bytes at D = 128)
 ATOMIC = {64: [(64, 64, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 2)],
           128: [(32, 64, 4, 3), (32, 128, 8, 3), (32, 128, 8, 2)]}
-KERNEL = {64: [], 128: []}
 # which problems: PROBE_D="64 128", PROBE_N="4096 16384" (the defaults)
 HEAD_DIMS = [int(x) for x in os.environ.get("PROBE_D", "64 128").split()]
 LENGTHS = [int(x) for x in os.environ.get("PROBE_N", "4096 16384").split()]
@@ -52,16 +52,13 @@ def variants(q, k, v, o, lse, do, causal, D):
     for tiles in ATOMIC[D]:
         fns[f"atomic {tiles}"] = lambda t=tiles: fb.attention_backward_fast(q, k, v, o, lse, do, causal=causal,
                                                                             dq_mode="atomic", dkdv_tiles=t)
-    for dkdv, dq in KERNEL[D]:
-        fns[f"kernel {dkdv}+{dq}"] = lambda a=dkdv, b=dq: fb.attention_backward_fast(q, k, v, o, lse, do, causal=causal,
-                                                                                     dkdv_tiles=a, dq_tiles=b)
     return fns
 
 
 def problem(dtype, D, causal, N):
     B, H = 16384 // N, 16
-    gen = torch.Generator(device="cuda").manual_seed(N + D)
-    q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+    q, k, v = runtime.random_qkv(B, H, N, D, dtype=dtype, seed_value=N + D)
+    do = runtime.random_qkv(B, H, N, D, dtype=dtype, seed_value=N + D + 1)[0]
     o, lse = attention_fast(q, k, v, causal=causal, return_lse=True)
     fns = variants(q, k, v, o, lse, do, causal, D)
     heads = (slice(0, 1), slice(0, 2))
@@ -76,7 +73,7 @@ def problem(dtype, D, causal, N):
             fns.pop(name)
     times = bench.time_rounds(fns, 3)
     ms = {name: statistics.median(t) for name, t in times.items()}
-    flops = 4 * B * H * N * N * D * (0.5 if causal else 1) * 2.5
+    flops = attention_flops(B, H, N, D, causal) * BACKWARD_FACTOR
     row = dict(dtype=str(dtype).replace("torch.", ""), D=D, causal=causal, N=N, B=B, ms=ms, rounds=times,
                err=errors, tflops={name: flops / t / 1e9 for name, t in ms.items()},
                ratio={name: ms["sdpa"] / t for name, t in ms.items()},

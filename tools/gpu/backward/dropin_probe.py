@@ -7,12 +7,13 @@ up (notebook 12 prints the decomposition). This probe takes such a step apart, i
 
     python tools/gpu/backward/dropin_probe.py        # about 2 minutes on an H200; $OUT/dropin_probe.json
 
-Per problem it times, in interleaved rounds (flashattn.bench.time_rounds, median of do_bench's medians):
-``forward`` (attention_fast with the log-sum-exp), ``backward`` (attention_backward_fast on that forward's O and
-log-sum-exp), ``both, direct`` (the two called one after the other, no autograd), ``drop-in forward`` (no
-graph), ``drop-in step`` (forward and backward through torch.autograd.grad, as the recording times it), and
-SDPA's step; it prints the tiles each path picked (forward and both backward kernels), and a torch.profiler
-table of one drop-in step and one direct step (CUDA time per kernel, and the CPU time around them).
+Per problem it times, in interleaved rounds (flashattn.bench.time_rounds, median of do_bench's medians), the step
+functions of the recorded ``host_time``: ``forward`` (attention_fast with the log-sum-exp), ``backward``
+(attention_backward_fast on that forward's O and log-sum-exp), ``forward+backward, direct`` (the two called one
+after the other, no autograd), ``drop-in step`` (forward and backward through torch.autograd.grad, as the
+recording times it) and ``SDPA step``, and the ``drop-in forward`` (no graph); it prints the tiles each path picked
+(forward and both backward kernels), and a torch.profiler table of one drop-in step and one direct step (CUDA time
+per kernel, and the CPU time around them).
 In interpreter mode it runs the same code at a tiny size, to check the script itself.
 
 What it found on the H200: in those cells the step's kernels take no longer than when called directly, and the
@@ -36,10 +37,9 @@ import torch  # noqa: E402
 
 from flashattn import bench, runtime  # noqa: E402
 from flashattn.functional import scaled_dot_product_attention  # noqa: E402
-from flashattn.kernels.fast import attention_fast  # noqa: E402
-from flashattn.kernels.fast_backward import attention_backward_fast, picked_tiles  # noqa: E402
+from flashattn.kernels.fast_backward import picked_tiles  # noqa: E402
 from flashattn.kernels.fast_launch import tuned_config  # noqa: E402
-from flashattn.measure.measurements.backward import _backward_fns  # noqa: E402
+from flashattn.measure.measurements import host  # noqa: E402
 
 GPU = runtime.MODE == "gpu"
 OUT = os.environ.get("OUT", ".")
@@ -50,21 +50,9 @@ TOKENS, HEADS, ROUNDS = (16384, 16, 5) if GPU else (64, 2, 1)
 
 
 def step_functions(q, k, v, do, causal: bool) -> dict:
-    """The recording's own backward and step functions (measurements.backward), and the parts between them."""
-    backward, training = _backward_fns(q, k, v, do, causal)
-
-    def direct():
-        o, lse = attention_fast(q, k, v, causal=causal, return_lse=True)
-        return attention_backward_fast(q, k, v, o, lse, do, causal=causal)
-
-    return {
-        "forward": lambda: attention_fast(q, k, v, causal=causal, return_lse=True),
-        "backward": backward["fast"],
-        "both, direct": direct,
-        "drop-in forward": lambda: scaled_dot_product_attention(q, k, v, is_causal=causal),
-        "drop-in step": training["fast"],
-        "sdpa step": training["sdpa"],
-    }
+    """The recording's own step functions (measurements.host, as host_time times them), and the drop-in's forward."""
+    return {**host.step_functions(q, k, v, do, causal),
+            "drop-in forward": lambda: scaled_dot_product_attention(q, k, v, is_causal=causal)}
 
 
 def wall_ms(fn) -> float:
@@ -104,7 +92,7 @@ def probe(dtype_name: str, D: int, N: int, causal: bool) -> dict:
     ms = {name: statistics.median(t) for name, t in times.items()}
     row = {"dtype": dtype_name, "D": D, "N": N, "B": B, "H": HEADS, "causal": causal, "ms": ms,
            "unexplained_ms": ms["drop-in step"] - ms["forward"] - ms["backward"],
-           "direct_unexplained_ms": ms["both, direct"] - ms["forward"] - ms["backward"],
+           "direct_unexplained_ms": ms["forward+backward, direct"] - ms["forward"] - ms["backward"],
            "forward_pick": tuned_config(q.shape[-1], dtype, N, HEADS, causal, B=B) if GPU else None,
            "backward_picks": {kernel: picked_tiles(kernel, L=N, S=N, B=B, causal=causal) for kernel in ("dkdv", "dq")}}
     print(f"{dtype_name} D={D} N={N} B={B} causal={causal}: " + ", ".join(f"{n} {t:.3f}" for n, t in ms.items())
@@ -112,7 +100,7 @@ def probe(dtype_name: str, D: int, N: int, causal: bool) -> dict:
           f"{row['direct_unexplained_ms']:+.3f} ms", flush=True)
     print(f"  picks: forward {row['forward_pick']}, backward {row['backward_picks']}")
     row["profile_drop_in"] = profile_table(fns["drop-in step"], "drop-in step")
-    row["profile_direct"] = profile_table(fns["both, direct"], "direct step")
+    row["profile_direct"] = profile_table(fns["forward+backward, direct"], "direct step")
     return row
 
 
@@ -132,7 +120,7 @@ def main() -> int:
         if "ms" in r:
             print(f"  {r['dtype']:<9} D={r['D']:<4} N={r['N']:<6} causal={r['causal']!s:<6} "
                   f"drop-in {r['unexplained_ms']:+.3f}  direct {r['direct_unexplained_ms']:+.3f}  "
-                  f"step/SDPA {r['ms']['sdpa step'] / r['ms']['drop-in step']:.2f}x")
+                  f"step/SDPA {r['ms']['SDPA step'] / r['ms']['drop-in step']:.2f}x")
     return 0 if all("ms" in r for r in rows) else 1
 
 

@@ -73,7 +73,7 @@ def main() -> int:
             try:
                 module = load(definitions(notebook, names), tmp, f"{kind}_{name}")
                 result, error, printed, seconds = run_check(check, [getattr(module, n) for n in names])
-                want = True if kind == "solution" else False
+                want = kind == "solution"
                 rec.update(ok=result is want, seconds=round(seconds, 2), message=error or printed)
             except Exception as err:  # keep going: one broken exercise must not hide the others
                 rec.update(ok=False, seconds=None, message=f"{type(err).__name__}: {err}\n{traceback.format_exc()}")

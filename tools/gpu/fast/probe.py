@@ -134,14 +134,16 @@ def run_case(case: dict, check: bool) -> dict:
     import torch.nn.functional as F
 
     from flashattn.kernels import fast
+    from flashattn.reference import rel_error
 
     q, k, v = _inputs(case, torch)
     D, dtype = case["D"], q.dtype
+    options = _fast_options(case, D, dtype)
     t0 = time.perf_counter()
-    out, lse = fast.attention_fast(q, k, v, causal=case["causal"], return_lse=True, **_fast_options(case, D, dtype))
+    out, lse = fast.attention_fast(q, k, v, causal=case["causal"], return_lse=True, **options)
     _sync(torch)
     row = {"first_call_s": round(time.perf_counter() - t0, 2)}
-    opts = fast.resolve(dtype, D, case["causal"], _fast_options(case, D, dtype),
+    opts = fast.resolve(dtype, D, case["causal"], options,
                         gluon_shapes=case["L"] == case["S"] and case["Hq"] == case["Hkv"])
     row["kernel"] = "gluon" if opts.gluon else "triton" + (" tma" if opts.use_tma else " pointers")
     if not check:
@@ -157,7 +159,7 @@ def run_case(case: dict, check: bool) -> dict:
             visible = torch.ones(case["L"], case["S"], dtype=torch.bool, device=_device()).tril()
             s = s.masked_fill(~visible, float("-inf"))
         o = out[b:b + 1, h:h + 1].double()
-        errs.append(((o - ref).norm() / ref.norm()).item() if torch.isfinite(o).all() else float("inf"))
+        errs.append(rel_error(o, ref))
         lse_errs.append((lse[b:b + 1, h:h + 1].double() - torch.logsumexp(s, -1)).abs().max().item())
     tol = {"float16": 3e-3, "bfloat16": 2e-2}[case["dtype"]]
     row.update(rel_error=max(errs), lse_abs_error=max(lse_errs),
@@ -185,6 +187,7 @@ def warm_cell(cell: dict) -> dict:
 def time_cell(cell: dict) -> dict:
     import torch
 
+    from flashattn import bench
     from flashattn.kernels import fast
 
     dtype = getattr(torch, cell["dtype"])
@@ -194,7 +197,8 @@ def time_cell(cell: dict) -> dict:
     fast.attention_fast(q, k, v, causal=causal)  # compiles (disk cache) and tunes, in this process
     _sync(torch)
     tune_s = time.perf_counter() - t0
-    fns = {"sdpa": lambda: F_sdpa(q, k, v, causal), "fast": lambda: fast.attention_fast(q, k, v, causal=causal)}
+    fns = {"sdpa": lambda: bench.sdpa(q, k, v, causal=causal),
+           "fast": lambda: fast.attention_fast(q, k, v, causal=causal)}
     times, order = {name: [] for name in fns}, list(fns)
     for _ in range(ROUNDS):
         for name in order:
@@ -210,12 +214,13 @@ def time_cell(cell: dict) -> dict:
 def host_overhead(calls: int = 300) -> dict:
     import torch
 
+    from flashattn import bench
     from flashattn.kernels import fast
 
     dtype = torch.float32 if DRY else torch.float16
     q, k, v = (torch.randn(1, 1, 16, 64, device=_device(), dtype=dtype) for _ in range(3))
     kq, kk, kv = (torch.randn(1, 4, 16, 64, device=_device(), dtype=dtype) for _ in range(3))
-    fns = {"sdpa": lambda: F_sdpa(q, k, v, True), "fast": lambda: fast.attention_fast(q, k, v, causal=True),
+    fns = {"sdpa": lambda: bench.sdpa(q, k, v, causal=True), "fast": lambda: fast.attention_fast(q, k, v, causal=True),
            "fast, grouped heads": lambda: fast.attention_fast(kq, kk[:, :1], kv[:, :1], causal=True)}
     result = {}
     for name, fn in fns.items():
@@ -227,12 +232,6 @@ def host_overhead(calls: int = 300) -> dict:
         _sync(torch)
         result[name] = (time.perf_counter() - t0) / (calls if not DRY else 3) * 1e6
     return result
-
-
-def F_sdpa(q, k, v, causal):
-    import torch.nn.functional as F
-
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def child(mode: str, payload: str) -> None:
