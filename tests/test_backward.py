@@ -21,6 +21,7 @@ from flashattn import runtime
 from flashattn.kernels.backward import attention_backward
 from flashattn.kernels.fast_backward import attention_backward_fast, padded_head_dim, tuning_space
 from flashattn.kernels.v2 import attention_v2
+from flashattn.reference import rel_error
 
 GPU = pytest.mark.skipif(runtime.MODE != "gpu", reason="needs a GPU")
 
@@ -150,16 +151,67 @@ def test_backward_kernels_are_deterministic_and_right_over_many_blocks_on_gpu(D,
     """Without atomics each gradient is a sum in a fixed order: repeated runs agree bit for bit. N = 1024, so
     every program walks many blocks (the small tests above run one or two loop iterations). With two stages,
     Triton 3.6's pipelined loop raced in the teaching dK/dV kernel at D = 128 (tiles 32 x 64, 8 warps): dK
-    changed from run to run, above the tolerance (see kernels/backward.default_options)."""
+    changed from run to run, above the tolerance (see kernels/backward.default_options). The Gluon kernel adds
+    into dQ atomically: its dK and dV are still sums in a fixed order, its dQ only agrees within rounding."""
     q, k, v, do = make_inputs(2, 4, 4, 1024, 1024, D, torch.float16, seed=128 + D)
     o64, lse64, *ref = reference_grads(q, k, v, do, causal)
     o, lse = o64.half(), lse64.float()
-    for name, kernel in (("teaching", attention_backward), ("fast", attention_backward_fast)):
-        kernel(q, k, v, o, lse, do, causal=causal)  # on a GPU the fast one autotunes on its first call
-        first, *again = (kernel(q, k, v, o, lse, do, causal=causal) for _ in range(4))
+    kernels = (("teaching", attention_backward, {}), ("fast, Triton", attention_backward_fast, {"gluon": False}),
+               ("fast, Gluon", attention_backward_fast, {"gluon": True}))
+    for name, kernel, options in kernels:
+        kernel(q, k, v, o, lse, do, causal=causal, **options)  # on a GPU the Triton one autotunes on its first call
+        first, *again = (kernel(q, k, v, o, lse, do, causal=causal, **options) for _ in range(4))
+        exact = slice(1, 3) if options.get("gluon") else slice(0, 3)
         for run in again:
-            assert all(torch.equal(a, b) for a, b in zip(first, run, strict=True)), f"{name}: runs differ"
+            assert all(torch.equal(a, b) for a, b in zip(first[exact], run[exact], strict=True)), f"{name}: runs differ"
+            assert rel_error(run[0], first[0]) < 1e-3, name
         assert max(grad_errors(first, ref)) < TOL[torch.float16], (name, grad_errors(first, ref))
+
+
+@GPU
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fast_backward_gluon_small_problems_on_gpu(dtype, D, causal):
+    """The Gluon kernel at its smallest tiles (one and three 128-key programs per head, B and H > 1) and a
+    length where the causal diagonal meets Q blocks of every kind."""
+    for B, H, N in ((2, 3, 128), (1, 2, 384), (3, 1, 640)):
+        q, k, v, do = make_inputs(B, H, H, N, N, D, dtype, seed=N + D)
+        errs = run_backward(attention_backward_fast, q, k, v, do, causal, gluon=True)
+        assert max(errs) < TOL[dtype], (B, H, N, errs)
+
+
+def test_fast_backward_gluon_applies_only_where_it_can():
+    """Which problems the Gluon kernel takes (shapes and dtypes only: meta tensors, no GPU needed)."""
+    gluon = pytest.importorskip("flashattn.kernels.fast_backward_gluon", reason="Triton without Gluon")
+
+    def why(B, HQ, HKV, L, S, D, dtype=torch.float16):
+        return gluon.applies(torch.empty(B, HQ, L, D, dtype=dtype, device="meta"),
+                             torch.empty(B, HKV, S, D, dtype=dtype, device="meta"), False)
+
+    assert why(2, 3, 3, 128, 128, 64) is None and why(1, 1, 1, 4096, 4096, 128, torch.bfloat16) is None
+    assert "multiples of 128" in why(1, 2, 2, 100, 100, 64)
+    assert "head dimension 32" in why(1, 2, 2, 128, 128, 32)
+    assert "grouped-query" in why(1, 4, 2, 128, 128, 64) and "L != S" in why(1, 2, 2, 128, 256, 64)
+    assert "float32" in why(1, 2, 2, 128, 128, 64, torch.float32)
+
+
+@GPU
+def test_fast_backward_gluon_falls_back_or_says_why_on_gpu():
+    """Problems the Gluon kernel does not take run the Triton kernels by default; gluon=True names the reason."""
+    cases = {"multiples of 128": (1, 2, 2, 200, 200, 64, torch.float16),
+             "head dimension 96": (1, 2, 2, 256, 256, 96, torch.float16),
+             "grouped-query": (1, 4, 2, 256, 256, 64, torch.float16),
+             "L != S": (1, 2, 2, 128, 256, 64, torch.bfloat16),
+             "float32": (1, 2, 2, 128, 128, 64, torch.float32)}
+    for reason, (B, HQ, HKV, L, S, D, dtype) in cases.items():
+        q, k, v, do = make_inputs(B, HQ, HKV, L, S, D, dtype, seed=L + D)
+        assert max(run_backward(attention_backward_fast, q, k, v, do, True)) < TOL[dtype], reason
+        with pytest.raises(ValueError, match=reason):
+            run_backward(attention_backward_fast, q, k, v, do, True, gluon=True)
+    q, k, v, do = make_inputs(1, 2, 2, 128, 128, 64, torch.float16, seed=0)
+    with pytest.raises(ValueError, match="Triton kernels' options"):
+        run_backward(attention_backward_fast, q, k, v, do, False, gluon=True, dq_mode="atomic")
 
 
 def test_fast_backward_keys_no_query_sees_get_zero_gradients():
@@ -200,7 +252,11 @@ def test_fast_backward_refuses_bad_inputs():
         attention_backward_fast(q, k, v, o, lse, do, dkdv_tiles=(48, 16, 4, 1))
     with pytest.raises(TypeError, match="unknown option"):
         attention_backward_fast(q, k, v, o, lse, do, block_m=16)
+    with pytest.raises(TypeError, match="gluon must be None, True or False"):
+        attention_backward_fast(q, k, v, o, lse, do, gluon="yes")
     if runtime.MODE == "interpreter":
+        with pytest.raises(ValueError, match="gluon=True needs a Hopper GPU"):
+            attention_backward_fast(q, k, v, o, lse, do, gluon=True)
         with pytest.raises(ValueError, match="need a GPU"):
             attention_backward_fast(q, k, v, o, lse, do, use_tma=True)
         with pytest.raises(TypeError, match="bfloat16 is refused"):
@@ -219,8 +275,9 @@ def test_backward_kernels_full_size_on_gpu(dtype, D, causal):
     o64, lse64, *ref = reference_grads(q, k, v, do, causal)
     o, lse = o64.to(dtype), lse64.float()
     for name, kernel, options in (("teaching", attention_backward, {}),
-                                  ("fast", attention_backward_fast, {}),
-                                  ("fast atomic", attention_backward_fast, {"dq_mode": "atomic"})):
+                                  ("fast, Gluon", attention_backward_fast, {"gluon": True}),
+                                  ("fast, Triton", attention_backward_fast, {"dq_mode": "kernel"}),
+                                  ("fast, Triton atomic", attention_backward_fast, {"dq_mode": "atomic"})):
         errs = grad_errors(kernel(q, k, v, o, lse, do, causal=causal, **options), ref)
         assert max(errs) < TOL[dtype], (name, errs)
 

@@ -67,12 +67,13 @@ def test_saved_for_backward_bytes_has_no_n_squared_term_for_flashattn():
 
 def test_time_problem_row(monkeypatch):
     """The backward comparison's bookkeeping, with the GPU timings replaced by fixed numbers."""
-    fake = {("", "sdpa"): 2.0, ("", "fast"): 1.0, ("", "teaching"): 4.0, ("training_", "sdpa"): 3.0,
-            ("training_", "fast"): 3.0}
+    fake = {("", "sdpa"): 2.0, ("", "fast"): 1.0, ("", "fast_triton"): 1.25, ("", "teaching"): 4.0,
+            ("training_", "sdpa"): 3.0, ("training_", "fast"): 3.0}
     monkeypatch.setattr(bench, "time_rounds", lambda fns, rounds: {name: [fake[name]] * rounds for name in fns})
     q, k, v, do = (torch.randn(2, 2, 40, 16, device=runtime.DEVICE) for _ in range(4))
     row = measure_backward._time_problem(q, k, v, do, causal=True, rounds=2)
-    assert row["vs_sdpa"] == {"fast": 2.0, "teaching": 0.5} and row["training_vs_sdpa"] == {"fast": 1.0}
+    assert row["vs_sdpa"] == {"fast": 2.0, "fast_triton": 1.6, "teaching": 0.5}
+    assert row["training_vs_sdpa"] == {"fast": 1.0}
     flops = 2.5 * flashattn.roofline.attention_flops(2, 2, 40, 16, True)
     assert row["tflops"]["fast"] == pytest.approx(flops / 1e-3 / 1e12)
     assert all(max(errs) < 1e-5 for errs in row["rel_error"].values())  # float32 against float64

@@ -23,7 +23,11 @@ dQ, two ways (``dq_mode``):
   atomic adds (through the TMA engine's bulk reductions where there are descriptors): five products,
   the sum's order varies from run to run. FlashAttention-2 and -3 do this.
 
-The interpreter (CPU) runs the same kernels with plain pointer loads.
+On a Hopper GPU the default (``gluon``) is neither: ``fast_backward_gluon.py`` computes dK, dV and dQ in one
+warp-specialized Gluon kernel (atomic dQ, five products), where the problem allows it (16-bit, D = 64 or
+128, L = S, no grouped heads, N a multiple of 128); everything else runs the Triton kernels.
+
+The interpreter (CPU) runs the same Triton kernels with plain pointer loads.
 """
 
 from __future__ import annotations
@@ -39,6 +43,11 @@ from flashattn.validate import INPUT_PRECISIONS, check_attention_inputs, check_o
 
 from . import launch_cache
 from .constants import LOG2_E
+
+try:  # Gluon (Triton >= 3.5): the Hopper kernel
+    from . import fast_backward_gluon
+except ImportError:  # pragma: no cover
+    fast_backward_gluon = None
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -294,9 +303,33 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
     atomic dQ (the interpreter runs programs one after another: the adds are in a fixed order)."""
     if (mode or runtime.MODE) == "interpreter":
         return dict(dkdv_tiles=INTERPRETER_TILES, dq_tiles=INTERPRETER_TILES, autotune=False, use_tma=False,
-                    dq_mode="atomic", input_precision="ieee")
+                    dq_mode="atomic", input_precision="ieee", gluon=False)
     return dict(dkdv_tiles=None, dq_tiles=None, autotune=True, use_tma=_hopper() and TensorDescriptor is not None,
-                dq_mode=DEFAULT_DQ_MODE, input_precision="ieee")
+                dq_mode=DEFAULT_DQ_MODE, input_precision="ieee", gluon=None)
+
+
+TRITON_OPTIONS = ("dkdv_tiles", "dq_tiles", "autotune", "use_tma", "dq_mode", "input_precision")
+
+
+@functools.cache
+def _sm90() -> bool:
+    return (fast_backward_gluon is not None and runtime.MODE == "gpu" and runtime.HAS_GPU
+            and torch.cuda.get_device_capability() == (9, 0))
+
+
+def gluon_refusal(q, k, v, do, causal: bool, options: dict) -> str | None:
+    """None if the Gluon kernel runs this problem (contiguous inputs) with these options, else why it does not."""
+    if not _sm90():
+        return "a Hopper GPU (sm_90) with Gluon"
+    given = [key for key in TRITON_OPTIONS if key in options]
+    if given:
+        return f"none of the Triton kernels' options (got {', '.join(given)})"
+    why = fast_backward_gluon.applies(q, k, causal)
+    if why is not None:
+        return f"a problem it takes, not {why}"
+    if not all(t.data_ptr() % 16 == 0 for t in (q, k, v, do)):
+        return "16-byte-aligned tensors (TMA)"
+    return None
 
 
 @functools.cache
@@ -336,6 +369,8 @@ def _checked_options(dtype: torch.dtype, D: int, options: dict) -> dict:
     for key in ("autotune", "use_tma"):
         if not isinstance(opts[key], bool):
             raise TypeError(f"fast backward: option {key} must be True or False, got {opts[key]!r}")
+    if opts["gluon"] not in (None, True, False):
+        raise TypeError(f"fast backward: option gluon must be None, True or False, got {opts['gluon']!r}")
     if opts["dq_mode"] not in DQ_MODES:
         raise ValueError(f"fast backward: dq_mode must be one of {', '.join(map(repr, DQ_MODES))}, got {opts['dq_mode']!r}")
     if opts["input_precision"] not in INPUT_PRECISIONS:
@@ -434,26 +469,35 @@ def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **
     Options: ``dq_mode`` ("kernel" or "atomic", see the module docstring), ``autotune`` (GPU default),
     ``dkdv_tiles`` and ``dq_tiles`` ((block_m, block_n, num_warps, num_stages): fixed tiles for that kernel,
     instead of autotuning), ``use_tma`` (Hopper default, used where D is a power of two >= 16),
-    ``input_precision`` (float32 only).
+    ``input_precision`` (float32 only), ``gluon`` (None: ``fast_backward_gluon.py``'s kernel where it applies,
+    see :func:`gluon_refusal`; True: that kernel or a ValueError saying why not; False: the Triton kernels).
     """
     B, HQ, HKV, L, S, D, scale = check_inputs(q, k, v, o, lse, do, causal=causal, scale=scale)
     opts = _check_options(q.dtype, D, options)
     D_PAD = padded_head_dim(D)
     q, k, v, o, do = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, o, do))
     lse = lse.contiguous()
+    gluon = False
+    if opts["gluon"] is not False:
+        why_not = gluon_refusal(q, k, v, do, causal, options)
+        if why_not is not None and opts["gluon"]:
+            raise ValueError(f"fast backward: gluon=True needs {why_not}")
+        gluon = why_not is None
+
+    delta = torch.empty((B, HQ, L), dtype=torch.float32, device=q.device)
+    rows, block = B * HQ * L, max(16, min(128, 8192 // D_PAD))
+    launch_cache.launch(bwd_preprocess_fast, (triton.cdiv(rows, block),), (o, do, delta, rows),
+                        dict(D=D, D_PAD=D_PAD, BLOCK=block))
+    if gluon:
+        return fast_backward_gluon.attention_backward_gluon(q, k, v, o, lse, do, delta, causal=causal, scale=scale)
+
     atomic = opts["dq_mode"] == "atomic"
     use_tma = opts["use_tma"] and D == D_PAD and all(t.data_ptr() % 16 == 0 for t in (q, k, v, do))
     if use_tma and max(B * HQ * L, B * HKV * S) >= 2**31:
         use_tma = False  # descriptors address rows with 32-bit coordinates
     dq = torch.empty_like(q)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    delta = torch.empty((B, HQ, L), dtype=torch.float32, device=q.device)
     dq_acc = torch.zeros((B, HQ, L, D), dtype=torch.float32, device=q.device) if atomic else None
-
-    rows, block = B * HQ * L, max(16, min(128, 8192 // D_PAD))
-    launch_cache.launch(bwd_preprocess_fast, (triton.cdiv(rows, block),), (o, do, delta, rows),
-                        dict(D=D, D_PAD=D_PAD, BLOCK=block))
-
     precision = opts["input_precision"] if q.dtype == torch.float32 else "tf32"
     common = dict(D=D, D_PAD=D_PAD, GROUP=HQ // HKV, CAUSAL=causal, USE_TMA=use_tma, PRECISION=precision)
     scalars = (L, S, HQ, HKV, scale * LOG2_E.value, scale)

@@ -1,6 +1,7 @@
 """The kernels of a backward pass, as Nsight Compute sees them launched (notebook 12, section 6).
 
-For SDPA's backward (cuDNN on the H200) and the fast backward, on the same problem: each kernel's grid,
+For SDPA's backward (cuDNN on the H200) and the fast backward (its default, on Hopper the Gluon kernel, and
+its Triton kernels), on the same problem: each kernel's grid,
 threads per block, registers per thread, shared memory per block, duration, and how busy the tensor cores
 were. ncu runs this module as its target::
 
@@ -33,15 +34,17 @@ METRICS = [
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
 ]
 # backward kernels only: cuDNN's (…flash_bprop…, compute_dot_do_o, convert_dq_to_16bits), FlashAttention-2's
-# (flash_bwd_…) and ours (bwd_preprocess_fast, bwd_dkdv_fast, bwd_dq_fast); the forward kernels do not match
+# (flash_bwd_…) and ours (bwd_preprocess_fast, bwd_kernel_gluon, bwd_dq_finish; bwd_dkdv_fast, bwd_dq_fast); the
+# forward kernels do not match
 KERNEL_REGEX = "bprop|bwd|dot_do_o|convert_dq"
-BACKWARDS = ("sdpa", "fast")
+BACKWARDS = ("sdpa", "fast", "fast_triton")
 
 
 def target_config(backward: str, *, B: int, H: int, N: int, D: int, dtype: str = "float16", causal: bool = False,
                   tiles: dict | None = None) -> dict:
-    """One problem for the target: ``backward`` "sdpa" or "fast"; ``tiles``: the fast backward's fixed
-    ``dkdv_tiles`` and ``dq_tiles`` (fixed, so that no autotuning launches get profiled)."""
+    """One problem for the target: ``backward`` "sdpa", "fast" (the default) or "fast_triton" (its Triton
+    kernels); ``tiles``: fast_triton's fixed ``dkdv_tiles`` and ``dq_tiles`` (so that no autotuning launches
+    get profiled)."""
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {', '.join(BACKWARDS)}, got {backward!r}")
     if dtype not in ("float16", "bfloat16", "float32"):
@@ -49,6 +52,8 @@ def target_config(backward: str, *, B: int, H: int, N: int, D: int, dtype: str =
     tiles = dict(tiles or {})
     if set(tiles) - {"dkdv_tiles", "dq_tiles"}:
         raise ValueError(f"tiles takes dkdv_tiles and dq_tiles, got {sorted(tiles)}")
+    if tiles and backward != "fast_triton":
+        raise ValueError(f"tiles are for backward='fast_triton' (the Triton kernels), not {backward!r}")
     return {"backward": backward, "dtype": dtype, "B": int(B), "H": int(H), "N": int(N), "D": int(D),
             "causal": bool(causal), "tiles": {name: list(t) for name, t in tiles.items()}}
 
@@ -66,10 +71,12 @@ def run_target(cfg: dict, calls: int = 2):
             return torch.autograd.grad(out, leaves, do, retain_graph=True)
     else:
         o, lse = attention_fast(q, k, v, causal=cfg["causal"], return_lse=True)
-        tiles = {name: tuple(t) for name, t in cfg["tiles"].items()}
+        options = {name: tuple(t) for name, t in cfg["tiles"].items()}
+        if cfg["backward"] == "fast_triton":
+            options["gluon"] = False
 
         def step():
-            return attention_backward_fast(q, k, v, o, lse, do, causal=cfg["causal"], **tiles)
+            return attention_backward_fast(q, k, v, o, lse, do, causal=cfg["causal"], **options)
     for _ in range(calls):
         grads = step()
     if q.is_cuda:

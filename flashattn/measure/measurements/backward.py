@@ -15,7 +15,7 @@ from flashattn import bench, runtime
 from flashattn.functional import scaled_dot_product_attention
 from flashattn.kernels.backward import attention_backward
 from flashattn.kernels.fast import attention_fast
-from flashattn.kernels.fast_backward import attention_backward_fast, picked_tiles
+from flashattn.kernels.fast_backward import attention_backward_fast, gluon_refusal, picked_tiles
 from flashattn.kernels.v2 import attention_v2
 from flashattn.measure import backward_kernels
 from flashattn.measure.profile import NcuUnavailable
@@ -24,7 +24,9 @@ from flashattn.record import measurement
 from flashattn.reference import rel_error
 
 BACKWARD_FACTOR, TRAINING_FACTOR = 2.5, 3.5  # FLOP of a backward, of a forward+backward, in forward passes
-KERNELS = ("sdpa", "fast", "teaching")  # backward alone: SDPA's, fast_backward.py's, backward.py's (v2's)
+# backward alone: SDPA's, the fast backward's default (on Hopper the Gluon kernel, fast_backward_gluon.py),
+# its Triton kernels (fast_backward.py, gluon=False) and the teaching kernel (backward.py, from v2's forward)
+KERNELS = ("sdpa", "fast", "fast_triton", "teaching")
 
 
 def _grads_float64(q, k, v, do, causal):
@@ -43,6 +45,7 @@ def _backward_fns(q, k, v, do, causal) -> tuple[dict, dict]:
     backward = {
         "sdpa": lambda: torch.autograd.grad(graph, leaves["sdpa"], do, retain_graph=True),
         "fast": lambda: attention_backward_fast(q, k, v, o, lse, do, causal=causal),
+        "fast_triton": lambda: attention_backward_fast(q, k, v, o, lse, do, causal=causal, gluon=False),
         "teaching": lambda: attention_backward(q, k, v, o2, lse2, do, causal=causal),
     }
     training = {
@@ -87,7 +90,8 @@ def compare_backward(dtypes=bench.BENCH_DTYPES, head_dims=bench.BENCH_HEAD_DIMS,
     Per row: ``ms``/``tflops``/``vs_sdpa`` of the backward alone and ``training_ms``/``training_tflops``/
     ``training_vs_sdpa`` of forward+backward (medians over ``rounds`` interleaved rounds of do_bench's median),
     ``rel_error`` of each kernel's dq, dk, dv on the first two heads of the first batch against float64
-    autograd, and ``fast_tiles``, the tiles the fast backward's autotuning picked."""
+    autograd, ``fast_kernel`` ("gluon" or "triton": what the default ran) and ``fast_tiles``, the tiles the
+    Triton kernels' autotuning picked."""
     if runtime.MODE != "gpu":
         raise RuntimeError("the backward benchmark needs a GPU; notebook 12 shows the recorded table instead")
     rows = []
@@ -101,6 +105,7 @@ def compare_backward(dtypes=bench.BENCH_DTYPES, head_dims=bench.BENCH_HEAD_DIMS,
                 for causal in causals:
                     row = {"dtype": dtype_name, "B": B, "H": H, "N": N, "D": D, "causal": causal,
                            **_time_problem(q, k, v, do, causal, rounds)}
+                    row["fast_kernel"] = "triton" if gluon_refusal(q, k, v, do, causal, {}) else "gluon"
                     row["fast_tiles"] = {kernel: picked_tiles(kernel, D=D, dtype=dtype, L=N, S=N, B=B, HQ=H, HKV=H,
                                                               causal=causal) for kernel in ("dkdv", "dq")}
                     rows.append(row)
@@ -120,8 +125,8 @@ def format_row(row: dict) -> str:
 
 
 def format_header() -> str:
-    return (f"{'dtype':<9}{'D':>4}{'N':>7}{'B':>4} {'causal':<7}{'SDPA':>7}{'fast':>7}{'×':>6}{'teach':>7}{'×':>6}"
-            f"{'fwd+bwd ×':>10}")
+    return (f"{'dtype':<9}{'D':>4}{'N':>7}{'B':>4} {'causal':<7}{'SDPA':>7}{'fast':>7}{'×':>6}{'triton':>7}{'×':>6}"
+            f"{'teach':>7}{'×':>6}{'fwd+bwd ×':>10}")
 
 
 @measurement("fast_backward_vs_sdpa",
@@ -133,8 +138,10 @@ def fast_backward_vs_sdpa() -> dict:
             "flop_convention": "backward = 2.5 × forward, forward+backward = 3.5 × forward; forward = 4·B·H·N²·D, "
                                "half for causal; TFLOP/s from the median over interleaved rounds of do_bench's median",
             "notes": "one run, on the same inputs; per problem every kernel timed in interleaved rounds; SDPA's "
-                     "backward is torch.autograd.grad through its forward graph (cuDNN on the H200); the fast "
-                     "backward is given the fast forward's O and log-sum-exp, the teaching one v2's; rel_error: "
+                     "backward is torch.autograd.grad through its forward graph (cuDNN on the H200); fast is the "
+                     "fast backward's default (fast_kernel says which kernel it ran), fast_triton its Triton "
+                     "kernels (gluon=False), both given the fast forward's O and log-sum-exp, the teaching one "
+                     "v2's; rel_error: "
                      "dq, dk, dv on the first two heads of the first batch against float64 autograd"}
 
 
@@ -144,7 +151,8 @@ KERNELS_PROBLEM = dict(B=4, H=16, N=4096, dtype="float16", causal=False)
 
 
 @measurement("backward_kernels_ncu",
-             description="Nsight Compute launch statistics of SDPA's backward kernels and the fast backward's "
+             description="Nsight Compute launch statistics of SDPA's backward kernels and the fast backward's, "
+                         "Gluon and Triton "
                          "(fp16, B4 H16 N4096, D 64/128)")
 def backward_kernels_ncu() -> dict:
     rows = []
@@ -153,12 +161,14 @@ def backward_kernels_ncu() -> dict:
         dtype = getattr(torch, problem["dtype"])
         q, k, v = runtime.random_qkv(problem["B"], problem["H"], problem["N"], D, dtype=dtype, seed_value=D)
         o, lse = attention_fast(q, k, v, causal=problem["causal"], return_lse=True)
-        attention_backward_fast(q, k, v, o, lse, torch.randn_like(q), causal=problem["causal"])  # autotunes
+        # the Triton kernels autotune on their first call
+        attention_backward_fast(q, k, v, o, lse, torch.randn_like(q), causal=problem["causal"], gluon=False)
         pick = dict(D=D, dtype=dtype, L=problem["N"], causal=problem["causal"])
         tiles = {name: picked_tiles(kernel, **pick) for name, kernel in (("dkdv_tiles", "dkdv"), ("dq_tiles", "dq"))}
         tiles = {name: t for name, t in tiles.items() if t is not None}  # None: not autotuned (the defaults)
         for backward in backward_kernels.BACKWARDS:
-            cfg = backward_kernels.target_config(backward, **problem, tiles=tiles if backward == "fast" else None)
+            cfg = backward_kernels.target_config(backward, **problem,
+                                                 tiles=tiles if backward == "fast_triton" else None)
             try:
                 launches = backward_kernels.profile_backward(cfg)
             except NcuUnavailable as err:
@@ -170,8 +180,9 @@ def backward_kernels_ncu() -> dict:
     return {"rows": rows, "metrics": backward_kernels.METRICS,
             "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
             "notes": "ncu --clock-control none, kernels matching " + backward_kernels.KERNEL_REGEX + "; the second "
-                     "of two calls; SDPA's backward through torch.autograd.grad, the fast backward given the "
-                     "fast forward's O and log-sum-exp, with the tiles autotuning picked in the recording process"}
+                     "of two calls; SDPA's backward through torch.autograd.grad; fast: the fast backward's default "
+                     "(on Hopper the Gluon kernel), fast_triton: its Triton kernels (gluon=False) with the tiles "
+                     "autotuning picked in the recording process; both given the fast forward's O and log-sum-exp"}
 
 # --- memory -----------------------------------------------------------------------------------------
 

@@ -3,11 +3,12 @@
     python tools/gpu/backward/atomic_probe.py     # about 4.5 minutes on an H200; $OUT/bwd_exp.json, a table last
 
 fp16 and bf16, D 64 and 128, causal and not, N 4096 and 16384 (B·N = 16384, H = 16): SDPA's backward (cuDNN),
-the fast backward as it runs by default (dq_mode "kernel", autotuned), and dq_mode "atomic" with the dK/dV tiles
-of ``ATOMIC``: 4-warp programs of 64 keys (two per SM) against 8-warp programs of 128 keys (one per SM, half as
-many additions into dQ); every variant checked against float64 autograd on two heads, then timed in three interleaved
-rounds; a torch.profiler table of kernel times for one problem per head dimension. The summary gives each
-variant's speed as a ratio to SDPA's backward (SDPA time / variant time).
+the fast backward's Triton kernels as they run by default (gluon=False: dq_mode "kernel", autotuned), and
+dq_mode "atomic" with the dK/dV tiles of ``ATOMIC``: 4-warp programs of 64 keys (two per SM) against 8-warp
+programs of 128 keys (one per SM, half as many additions into dQ); every variant checked against float64
+autograd on two heads, then timed in three interleaved rounds; a torch.profiler table of kernel times for one
+problem per head dimension. The summary gives each variant's speed as a ratio to SDPA's backward (SDPA time /
+variant time).
 """
 import json
 import os
@@ -48,11 +49,29 @@ def variants(q, k, v, o, lse, do, causal, D):
     leaves = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
     graph = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
     fns = {"sdpa": lambda: torch.autograd.grad(graph, leaves, do, retain_graph=True),
-           "kernel (tuned)": lambda: fb.attention_backward_fast(q, k, v, o, lse, do, causal=causal)}
+           "kernel (tuned)": lambda: fb.attention_backward_fast(q, k, v, o, lse, do, causal=causal, gluon=False)}
     for tiles in ATOMIC[D]:
         fns[f"atomic {tiles}"] = lambda t=tiles: fb.attention_backward_fast(q, k, v, o, lse, do, causal=causal,
                                                                             dq_mode="atomic", dkdv_tiles=t)
     return fns
+
+
+def check_and_time(fns, q, k, v, do, causal, rounds=3):
+    """Check each of ``fns`` (each returning dq, dk, dv) against float64 autograd on two heads, dropping the
+    ones that fail, then time the rest in interleaved rounds: (errors, times per round, median ms)."""
+    heads = (slice(0, 1), slice(0, 2))
+    ref = _grads_float64(q[heads], k[heads], v[heads], do[heads], causal)
+    errors = {}
+    for name, fn in list(fns.items()):
+        try:
+            errors[name] = [rel_error(g[heads], r) for g, r in zip(fn(), ref, strict=True)]
+            if q.is_cuda:
+                torch.cuda.synchronize()
+        except Exception as err:  # noqa: BLE001 - one failure must not stop the others
+            errors[name] = f"{type(err).__name__}: {str(err)[:300]}"
+            fns.pop(name)
+    times = bench.time_rounds(fns, rounds)
+    return errors, times, {name: statistics.median(t) for name, t in times.items()}
 
 
 def problem(dtype, D, causal, N):
@@ -61,18 +80,7 @@ def problem(dtype, D, causal, N):
     do = runtime.random_qkv(B, H, N, D, dtype=dtype, seed_value=N + D + 1)[0]
     o, lse = attention_fast(q, k, v, causal=causal, return_lse=True)
     fns = variants(q, k, v, o, lse, do, causal, D)
-    heads = (slice(0, 1), slice(0, 2))
-    ref = _grads_float64(q[heads], k[heads], v[heads], do[heads], causal)
-    errors = {}
-    for name, fn in list(fns.items()):
-        try:
-            errors[name] = [rel_error(g[heads], r) for g, r in zip(fn(), ref, strict=True)]
-            torch.cuda.synchronize()
-        except Exception as err:  # noqa: BLE001 - one failure must not stop the others
-            errors[name] = f"{type(err).__name__}: {str(err)[:300]}"
-            fns.pop(name)
-    times = bench.time_rounds(fns, 3)
-    ms = {name: statistics.median(t) for name, t in times.items()}
+    errors, times, ms = check_and_time(fns, q, k, v, do, causal)
     flops = attention_flops(B, H, N, D, causal) * BACKWARD_FACTOR
     row = dict(dtype=str(dtype).replace("torch.", ""), D=D, causal=causal, N=N, B=B, ms=ms, rounds=times,
                err=errors, tflops={name: flops / t / 1e9 for name, t in ms.items()},

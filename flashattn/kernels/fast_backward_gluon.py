@@ -1,0 +1,220 @@
+"""The Hopper path of the fast backward (notebook 12): dK, dV and dQ in one warp-specialized Gluon kernel.
+
+``fast_backward.py`` runs FlashAttention-2's backward as Triton kernels: one program per K/V block, its
+loop over Q blocks scheduled by the compiler. This kernel is the same loop laid out the way
+FlashAttention-3 and cuDNN lay out theirs on Hopper (``fast_gluon.py`` does it for the forward):
+
+* one program per tile of BLOCK_N = 128 keys of one head; a **producer** warp issues every TMA copy: the
+  tile's K and V once, then Q and dO blocks (BLOCK_M = 64 rows) into a ring of STAGES (3) slots;
+* two **consumer** warpgroups, warpgroup w owning keys 64w .. 64w + 63 of the tile (their dK and dV
+  accumulators, 64 × D float32 each), run for every Q block the transposed tiles of ``fast_backward.py``::
+
+      sijT = kj · qiᵀ,  dpijT = vj · doiᵀ           (both issued at once, asynchronously)
+      pijT = exp2(sijT · qk_scale − lse_i)          (while dpijT is still on the tensor cores)
+      dsijT = pijT ∘ (dpijT − delta_i)
+      dvj += pijT · doi,  dkj += dsijT · qi         (pijT and dsijT straight from registers)
+
+* dQ without a second kernel: each warpgroup writes its half of dsijT into a shared (128 × 64) tile, and the
+  warpgroups take turns, one Q block each, computing ``dqi = dsij · kj`` over all 128 keys and adding it
+  into a float32 buffer with atomic adds (Triton 3.6's Gluon has no TMA reduce-add for Hopper); a last small
+  kernel (``bwd_dq_finish``) scales it and rounds it to 16 bits. Five matrix products per Q block and key
+  tile, the convention's, where the Triton kernels' default does seven; the sum into dQ runs in whatever
+  order the adds arrive, so dQ can differ from run to run in the last bits.
+
+mbarriers pass the shared tiles around: ``qdo_ready``/``qdo_empty`` for the ring slots (both warpgroups give
+a slot back), ``ds_ready``/``ds_empty`` for two dsijT tiles (both halves written; read by the warpgroup
+whose turn it is). ``setmaxnreg`` gives the consumers 240 registers per thread, the producer 24.
+
+Hopper only (``wgmma``), 16-bit inputs, D = 64 or 128, as many keys as queries, one K/V head per query head,
+N a multiple of 128; ``fast_backward.attention_backward_fast`` runs the Triton kernels everywhere else.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from . import launch_cache
+from .constants import LOG2_E
+from .fast_gluon import DTYPES, _mma_layout, descriptor, tma_load
+
+BLOCK_M: gl.constexpr = gl.constexpr(64)  # Q rows per step
+BLOCK_N: gl.constexpr = gl.constexpr(128)  # keys per program: 64 per consumer warpgroup
+STAGES = 3  # Q/dO ring slots by default (3 beat 2 on the H200: tools/gpu/backward/gluon_probe.py)
+HEAD_DIMS = (64, 128)
+MAXNREG = 168  # at launch: 3 warpgroups' worth of the register file; setmaxnreg moves them to the consumers
+
+
+@gluon.jit
+def _producer(Q, K, V, DO, N, k_tile, v_tile, q_ring, do_ring, kv_ready, qdo_ready, qdo_empty,
+              CAUSAL: gl.constexpr):
+    start_n = gl.program_id(0) * BLOCK_N
+    row0 = gl.program_id(1) * N  # the head's first row in the (B·H·N, D) matrices
+    lo = start_n if CAUSAL else 0  # query m sees key n iff n <= m: earlier Q blocks see none of this tile
+    STAGES: gl.constexpr = q_ring.shape[0]
+    mbarrier.expect(kv_ready, K.block_type.nbytes + V.block_type.nbytes)
+    tma_load(K, [row0 + start_n, 0], kv_ready, k_tile)
+    tma_load(V, [row0 + start_n, 0], kv_ready, v_tile)
+    for i in range((N - lo) // BLOCK_M):
+        s = i % STAGES
+        mbarrier.wait(qdo_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes a wait on parity 1
+        bar = qdo_ready.index(s)
+        mbarrier.expect(bar, Q.block_type.nbytes + DO.block_type.nbytes)
+        tma_load(Q, [row0 + lo + i * BLOCK_M, 0], bar, q_ring.index(s))
+        tma_load(DO, [row0 + lo + i * BLOCK_M, 0], bar, do_ring.index(s))
+
+
+@gluon.jit
+def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr):
+    LSE, DELTA, DQ_ACC, DK, DV, N, qk_scale, scale = io
+    k_tile, v_tile, q_ring, do_ring, ds_tiles = tiles
+    kv_ready, qdo_ready, qdo_empty, ds_ready, ds_empty = bars
+    D: gl.constexpr = k_tile.shape[1]
+    STAGES: gl.constexpr = q_ring.shape[0]
+    HALF: gl.constexpr = BLOCK_N // 2
+    dtype: gl.constexpr = k_tile.dtype
+    s_layout: gl.constexpr = _mma_layout(4, BLOCK_M)  # sijT, dpijT: (HALF keys, BLOCK_M queries)
+    acc_layout: gl.constexpr = _mma_layout(4, D)  # dkj, dvj (HALF, D); dqi (BLOCK_M, D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // D, D // 8], [4, 1], [1, 0])
+
+    start_n = gl.program_id(0) * BLOCK_N
+    row0 = gl.program_id(1) * N
+    lo = start_n if CAUSAL else 0
+    kj = k_tile.slice(WG * HALF, HALF)
+    vj = v_tile.slice(WG * HALF, HALF)
+    offs_n = start_n + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
+    offs_dq_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
+    s_zero = gl.zeros([HALF, BLOCK_M], gl.float32, layout=s_layout)  # not read: use_acc=False
+    dq_zero = gl.zeros([BLOCK_M, D], gl.float32, layout=acc_layout)
+    dkj = gl.zeros([HALF, D], gl.float32, layout=acc_layout)
+    dvj = gl.zeros([HALF, D], gl.float32, layout=acc_layout)
+    mbarrier.wait(kv_ready, 0)
+    for i in range((N - lo) // BLOCK_M):
+        s = i % STAGES
+        start_m = lo + i * BLOCK_M
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        lse_i = gl.load(LSE + row0 + offs_m) * LOG2_E
+        mbarrier.wait(qdo_ready.index(s), (i // STAGES) & 1)
+        qi = q_ring.index(s)
+        doi = do_ring.index(s)
+        sijT = warpgroup_mma(kj, qi.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dpijT = warpgroup_mma(vj, doi.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        sijT = warpgroup_mma_wait(1, deps=[sijT])  # the scores are in; dpijT may still be running
+        pijT = gl.exp2(sijT * qk_scale - lse_i[None, :])
+        if CAUSAL:
+            if start_m < start_n + BLOCK_N:  # the blocks on the diagonal
+                pijT = gl.where(offs_n[:, None] <= offs_m[None, :], pijT, 0.0)
+        delta_i = gl.load(DELTA + row0 + offs_m)
+        dpijT = warpgroup_mma_wait(0, deps=[dpijT])
+        dsijT = (pijT * (dpijT - delta_i[None, :])).to(dtype)
+        dvj = warpgroup_mma(gl.convert_layout(pijT.to(dtype), a_layout), doi, dvj, is_async=True)
+        b = i % 2
+        mbarrier.wait(ds_empty.index(b), ((i // 2) & 1) ^ 1)  # the dQ product two blocks ago has read it
+        ds_tiles.index(b).slice(WG * HALF, HALF).store(dsijT)
+        fence_async_shared()  # the other warpgroup's wgmma reads it through the async proxy
+        mbarrier.arrive(ds_ready.index(b), count=1)
+        dkj = warpgroup_mma(gl.convert_layout(dsijT, a_layout), qi, dkj, is_async=True)
+        dvj, dkj = warpgroup_mma_wait(0, deps=[dvj, dkj])
+        mbarrier.arrive(qdo_empty.index(s), count=1)
+        if i % 2 == WG:  # this warpgroup's turn: dqi = dsij · kj over all 128 keys, added into dQ
+            mbarrier.wait(ds_ready.index(b), (i // 2) & 1)
+            dqi = warpgroup_mma(ds_tiles.index(b).permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
+            dqi = warpgroup_mma_wait(0, deps=[dqi])
+            mbarrier.arrive(ds_empty.index(b), count=1)
+            ptrs = DQ_ACC + (row0 + start_m + offs_dq_m).to(gl.int64)[:, None] * D + offs_d[None, :]
+            gl.atomic_add(ptrs, dqi, sem="relaxed")
+
+    offs_o = start_n + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, out_layout))
+    offs_od = gl.arange(0, D, layout=gl.SliceLayout(0, out_layout))
+    o_ptrs = (row0 + offs_o).to(gl.int64)[:, None] * D + offs_od[None, :]
+    gl.store(DK + o_ptrs, gl.convert_layout((dkj * scale).to(dtype), out_layout))
+    gl.store(DV + o_ptrs, gl.convert_layout(dvj.to(dtype), out_layout))
+
+
+@gluon.jit
+def bwd_kernel_gluon(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, N, qk_scale, scale, D: gl.constexpr,
+                     CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """Grid (N // BLOCK_N, B·H): one program per 128 keys of one head."""
+    dtype: gl.constexpr = Q.dtype
+    k_tile = gl.allocate_shared_memory(dtype, [BLOCK_N, D], K.layout)
+    v_tile = gl.allocate_shared_memory(dtype, [BLOCK_N, D], V.layout)
+    q_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], Q.layout)
+    do_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], DO.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    ds_tiles = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(qdo_ready.index(s), count=1)
+        mbarrier.init(qdo_empty.index(s), count=2)  # both warpgroups give the slot back
+    for b in gl.static_range(2):
+        mbarrier.init(ds_ready.index(b), count=2)  # both halves written
+        mbarrier.init(ds_empty.index(b), count=1)  # read by the warpgroup whose turn it was
+    io = (LSE, DELTA, DQ_ACC, DK, DV, N, qk_scale, scale)
+    tiles = (k_tile, v_tile, q_ring, do_ring, ds_tiles)
+    bars = (kv_ready, qdo_ready, qdo_empty, ds_ready, ds_empty)
+    gl.warp_specialize([(_consumer, (io, tiles, bars, 0, CAUSAL)),
+                        (_consumer, (io, tiles, bars, 1, CAUSAL)),
+                        (_producer, (Q, K, V, DO, N, k_tile, v_tile, q_ring, do_ring, kv_ready, qdo_ready,
+                                     qdo_empty, CAUSAL))],
+                       [4, 1], [240, 24])
+
+
+@triton.jit
+def bwd_dq_finish(DQ_ACC, DQ, numel, scale, BLOCK: tl.constexpr):
+    """dQ = scale · the float32 sums, in the inputs' dtype: one pass (cuDNN's convert_dq_to_16bits)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    tl.store(DQ + offs, (tl.load(DQ_ACC + offs, mask=ok) * scale).to(DQ.dtype.element_ty), mask=ok)
+
+
+FINISH_BLOCK = 4096
+
+
+def applies(q, k, causal: bool) -> str | None:
+    """None if this kernel can run the problem (on a Hopper GPU), else why not."""
+    B, HQ, L, D = q.shape
+    HKV, S = k.shape[1], k.shape[2]
+    if q.dtype not in DTYPES:
+        return f"{q.dtype} (it takes float16 and bfloat16)"
+    if D not in HEAD_DIMS:
+        return f"head dimension {D} (it takes {' and '.join(map(str, HEAD_DIMS))})"
+    if HQ != HKV or L != S:
+        return "grouped-query heads or L != S (it takes one K/V head per query head and as many keys as queries)"
+    if L % BLOCK_N.value:
+        return f"N = {L} (it takes multiples of {BLOCK_N.value})"
+    if B * HQ * L >= 2**31:
+        return f"B·H·N = {B * HQ * L} (TMA coordinates are 32-bit)"
+    return None
+
+
+def attention_backward_gluon(q, k, v, o, lse, do, delta, *, causal: bool, scale: float, stages: int = STAGES):
+    """dq, dk, dv for contiguous, 16-byte-aligned (B, H, N, D) inputs that :func:`applies` accepts; ``delta``
+    (B, H, N) float32 is rowsum(o ∘ do), from ``fast_backward.bwd_preprocess_fast``."""
+    B, H, N, D = q.shape
+    dq_acc = torch.zeros((B, H, N, D), dtype=torch.float32, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    descs = (descriptor(q, BLOCK_M.value), descriptor(k, BLOCK_N.value), descriptor(v, BLOCK_N.value),
+             descriptor(do, BLOCK_M.value))
+    launch_cache.launch(bwd_kernel_gluon, (N // BLOCK_N.value, B * H),
+                        (*descs, lse, delta, dq_acc, dk, dv, N, scale * LOG2_E.value, scale),
+                        dict(D=D, CAUSAL=causal, STAGES=stages), num_warps=4, maxnreg=MAXNREG)
+    dq = torch.empty_like(q)
+    launch_cache.launch(bwd_dq_finish, (triton.cdiv(dq.numel(), FINISH_BLOCK),), (dq_acc, dq, dq.numel(), scale),
+                        dict(BLOCK=FINISH_BLOCK))
+    return dq, dk, dv
