@@ -2,7 +2,7 @@
 
 ``fast_backward.py`` runs FlashAttention-2's backward as Triton kernels: one program per K/V block, its
 loop over Q blocks scheduled by the compiler. This kernel is the same loop laid out the way
-FlashAttention-3 and cuDNN lay out theirs on Hopper (``fast_gluon.py`` does it for the forward):
+FlashAttention-3 lays out its backward on Hopper (``fast_gluon.py`` does it for the forward):
 
 * one program per tile of BLOCK_N = 128 keys of one head; a **producer** warp issues every TMA copy: the
   tile's K and V once, then Q and dO blocks (BLOCK_M = 64 rows) into a ring of STAGES (3) slots;
