@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flashattn import runtime
+from flashattn.kernels import fast_backward
 from flashattn.kernels.backward import attention_backward
 from flashattn.kernels.fast_backward import attention_backward_fast, padded_head_dim, tuning_space
 from flashattn.kernels.v2 import attention_v2
@@ -199,6 +200,27 @@ def test_fast_backward_gluon_applies_only_where_it_can():
     assert "head dimension 32" in why(1, 2, 2, 128, 128, 32)
     assert "grouped-query" in why(1, 4, 2, 128, 128, 64) and "L != S" in why(1, 2, 2, 128, 256, 64)
     assert "float32" in why(1, 2, 2, 128, 128, 64, torch.float32)
+
+
+def test_fast_backward_gluon_path_host_side(monkeypatch):
+    """The host side of the Gluon path, anywhere: with the kernel replaced by a stand-in that checks the ``delta``
+    it is given and returns the float32 sums of dQ, ``attention_backward_fast`` scales and rounds them
+    (``finish_dq``) and returns dk and dv as they are."""
+    gluon = pytest.importorskip("flashattn.kernels.fast_backward_gluon", reason="Triton without Gluon")
+    q, k, v, do = make_inputs(1, 2, 2, 128, 128, 64, torch.float16, seed=5)
+    o64, lse64, *ref = reference_grads(q, k, v, do, False)
+    o = o64.half()
+    seen = {}
+
+    def stand_in(q_, k_, v_, lse_, do_, delta, *, causal, scale):
+        seen["delta"], seen["scale"] = rel_error(delta, (o.double() * do.double()).sum(-1)), scale
+        return (ref[0] / scale).float(), ref[1].to(q.dtype), ref[2].to(q.dtype)
+
+    monkeypatch.setattr(fast_backward, "_sm90", lambda: True)
+    monkeypatch.setattr(gluon, "attention_backward_gluon", stand_in)
+    grads = attention_backward_fast(q, k, v, o, lse64.float(), do, gluon=True)
+    assert seen["delta"] < 1e-3 and seen["scale"] == 64 ** -0.5 and max(grad_errors(grads, ref)) < TOL[torch.float16]
+    assert grads[0].dtype == torch.float16
 
 
 @GPU

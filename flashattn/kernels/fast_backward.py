@@ -86,6 +86,14 @@ def bwd_preprocess_fast(O, DO, DELTA, ROWS, D: tl.constexpr, D_PAD: tl.constexpr
 
 
 @triton.jit
+def bwd_dq_finish(DQ_ACC, DQ, numel, scale, BLOCK: tl.constexpr):
+    """dQ = scale · the float32 sums of atomic dQ, in the inputs' dtype: one pass (cuDNN's convert_dq_to_16bits)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    tl.store(DQ + offs, (tl.load(DQ_ACC + offs, mask=ok) * scale).to(DQ.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _dkdv_blocks(dkj, dvj, kj, vj, Q, DO, LSE, DELTA, DQ_ACC, DQ_DESC, q_row0, lo, hi, offs_n, L, S, qk_scale,
                  D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
                  CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr, PRECISION: tl.constexpr):
@@ -235,7 +243,7 @@ def bwd_dq_fast(
     tl.store(DQ + ptrs, (dqi * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
 
 
-JIT_KERNELS = (bwd_preprocess_fast, bwd_dkdv_fast, bwd_dq_fast)
+JIT_KERNELS = (bwd_preprocess_fast, bwd_dkdv_fast, bwd_dq_fast, bwd_dq_finish)
 
 
 # --- launch options and autotuning -------------------------------------------------------------
@@ -308,9 +316,6 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
                 dq_mode=DEFAULT_DQ_MODE, input_precision="ieee", gluon=None)
 
 
-TRITON_OPTIONS = ("dkdv_tiles", "dq_tiles", "autotune", "use_tma", "dq_mode", "input_precision")
-
-
 @functools.cache
 def _sm90() -> bool:
     return (fast_backward_gluon is not None and runtime.MODE == "gpu" and runtime.HAS_GPU
@@ -321,7 +326,7 @@ def gluon_refusal(q, k, v, do, causal: bool, options: dict) -> str | None:
     """None if the Gluon kernel runs this problem (contiguous inputs) with these options, else why it does not."""
     if not _sm90():
         return "a Hopper GPU (sm_90) with Gluon"
-    given = [key for key in TRITON_OPTIONS if key in options]
+    given = [key for key in options if key != "gluon"]  # every other option is the Triton kernels'
     if given:
         return f"none of the Triton kernels' options (got {', '.join(given)})"
     why = fast_backward_gluon.applies(q, k, causal)
@@ -460,6 +465,28 @@ def picked_tiles(kernel: str, **problem) -> tuple | None:
     return None
 
 
+def delta_rows(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """``delta = rowsum(dO ∘ O)``, (…, L) float32, for contiguous ``o`` and ``do`` (…, L, D)."""
+    D = o.shape[-1]
+    D_PAD = padded_head_dim(D)
+    delta = torch.empty(o.shape[:-1], dtype=torch.float32, device=o.device)
+    rows, block = delta.numel(), max(16, min(128, 8192 // D_PAD))
+    launch_cache.launch(bwd_preprocess_fast, (triton.cdiv(rows, block),), (o, do, delta, rows),
+                        dict(D=D, D_PAD=D_PAD, BLOCK=block))
+    return delta
+
+
+FINISH_BLOCK = 4096
+
+
+def finish_dq(dq_acc: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """``scale · dq_acc`` (the float32 sums of atomic dQ) in ``dtype``, by :func:`bwd_dq_finish`."""
+    dq = torch.empty(dq_acc.shape, dtype=dtype, device=dq_acc.device)
+    launch_cache.launch(bwd_dq_finish, (triton.cdiv(dq.numel(), FINISH_BLOCK),), (dq_acc, dq, dq.numel(), scale),
+                        dict(BLOCK=FINISH_BLOCK))
+    return dq
+
+
 def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **options):
     """dQ, dK, dV of ``o = attention(q, k, v)`` given ``do``, from the forward's output ``o`` and its
     (B, Hq, L) float32 log-sum-exp ``lse`` (``attention_fast(..., return_lse=True)``).
@@ -484,12 +511,11 @@ def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **
             raise ValueError(f"fast backward: gluon=True needs {why_not}")
         gluon = why_not is None
 
-    delta = torch.empty((B, HQ, L), dtype=torch.float32, device=q.device)
-    rows, block = B * HQ * L, max(16, min(128, 8192 // D_PAD))
-    launch_cache.launch(bwd_preprocess_fast, (triton.cdiv(rows, block),), (o, do, delta, rows),
-                        dict(D=D, D_PAD=D_PAD, BLOCK=block))
+    delta = delta_rows(o, do)
     if gluon:
-        return fast_backward_gluon.attention_backward_gluon(q, k, v, o, lse, do, delta, causal=causal, scale=scale)
+        dq_acc, dk, dv = fast_backward_gluon.attention_backward_gluon(q, k, v, lse, do, delta, causal=causal,
+                                                                      scale=scale)
+        return finish_dq(dq_acc, q.dtype, scale), dk, dv
 
     atomic = opts["dq_mode"] == "atomic"
     use_tma = opts["use_tma"] and D == D_PAD and all(t.data_ptr() % 16 == 0 for t in (q, k, v, do))
@@ -510,7 +536,7 @@ def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **
                  DQ_DESC=dq_acc if use_tma and atomic else None),
             scalars, dict(common, DQ_ATOMIC=atomic), dkdv_tiles, ("dkdv", *problem), use_tma, atomic)
     if atomic:
-        return dq_acc.mul_(scale).to(q.dtype), dk, dv
+        return finish_dq(dq_acc, q.dtype, scale), dk, dv
     dq_tiles = opts["dq_tiles"] or (None if autotune else tuning_space("dq", D, q.dtype)[0])
     _launch("dq", bwd_dq_fast, lambda bm, bn: (triton.cdiv(L, bm), B * HQ),
             dict(Q=q, K=k, V=v, DO=do, DQ=dq, LSE=lse, DELTA=delta),

@@ -16,8 +16,8 @@ FlashAttention-3 lays out its backward on Hopper (``fast_gluon.py`` does it for 
 
 * dQ without a second kernel: each warpgroup writes its half of dsijT into a shared (128 × 64) tile, and the
   warpgroups take turns, one Q block each, computing ``dqi = dsij · kj`` over all 128 keys and adding it
-  into a float32 buffer with atomic adds (Triton 3.6's Gluon has no TMA reduce-add for Hopper); a last small
-  kernel (``bwd_dq_finish``) scales it and rounds it to 16 bits. Five matrix products per Q block and key
+  into a float32 buffer with atomic adds (Triton 3.6's Gluon has no TMA reduce-add for Hopper);
+  ``fast_backward.finish_dq`` then scales it and rounds it to 16 bits in one small kernel. Five matrix products per Q block and key
   tile, the convention's, where the Triton kernels' default does seven; the sum into dQ runs in whatever
   order the adds arrive, so dQ can differ from run to run in the last bits.
 
@@ -32,8 +32,6 @@ N a multiple of 128; ``fast_backward.attention_backward_fast`` runs the Triton k
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -175,17 +173,6 @@ def bwd_kernel_gluon(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, N, qk_scale, scale
                        [4, 1], [240, 24])
 
 
-@triton.jit
-def bwd_dq_finish(DQ_ACC, DQ, numel, scale, BLOCK: tl.constexpr):
-    """dQ = scale · the float32 sums, in the inputs' dtype: one pass (cuDNN's convert_dq_to_16bits)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < numel
-    tl.store(DQ + offs, (tl.load(DQ_ACC + offs, mask=ok) * scale).to(DQ.dtype.element_ty), mask=ok)
-
-
-FINISH_BLOCK = 4096
-
-
 def applies(q, k, causal: bool) -> str | None:
     """None if this kernel can run the problem (on a Hopper GPU), else why not."""
     B, HQ, L, D = q.shape
@@ -203,9 +190,10 @@ def applies(q, k, causal: bool) -> str | None:
     return None
 
 
-def attention_backward_gluon(q, k, v, o, lse, do, delta, *, causal: bool, scale: float, stages: int = STAGES):
-    """dq, dk, dv for contiguous, 16-byte-aligned (B, H, N, D) inputs that :func:`applies` accepts; ``delta``
-    (B, H, N) float32 is rowsum(o ∘ do), from ``fast_backward.bwd_preprocess_fast``."""
+def attention_backward_gluon(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int = STAGES):
+    """(the float32 sums of dQ, not yet scaled), dk, dv for contiguous, 16-byte-aligned (B, H, N, D) inputs that
+    :func:`applies` accepts; ``delta`` (B, H, N) float32 is rowsum(o ∘ do) (``fast_backward.delta_rows``), and
+    ``fast_backward.finish_dq`` turns the sums into dQ."""
     B, H, N, D = q.shape
     dq_acc = torch.zeros((B, H, N, D), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
@@ -214,7 +202,4 @@ def attention_backward_gluon(q, k, v, o, lse, do, delta, *, causal: bool, scale:
     launch_cache.launch(bwd_kernel_gluon, (N // BLOCK_N.value, B * H),
                         (*descs, lse, delta, dq_acc, dk, dv, N, scale * LOG2_E.value, scale),
                         dict(D=D, CAUSAL=causal, STAGES=stages), num_warps=4, maxnreg=MAXNREG)
-    dq = torch.empty_like(q)
-    launch_cache.launch(bwd_dq_finish, (triton.cdiv(dq.numel(), FINISH_BLOCK),), (dq_acc, dq, dq.numel(), scale),
-                        dict(BLOCK=FINISH_BLOCK))
-    return dq, dk, dv
+    return dq_acc, dk, dv

@@ -2,7 +2,8 @@
 
     python tools/gpu/backward/atomic_probe.py     # about 4.5 minutes on an H200; $OUT/bwd_exp.json, a table last
 
-fp16 and bf16, D 64 and 128, causal and not, N 4096 and 16384 (B·N = 16384, H = 16): SDPA's backward (cuDNN),
+fp16 and bf16, D 64 and 128, causal and not, N 4096 and 16384 (B·N = 16384, H = 16; PROBE_DTYPES, PROBE_D and
+PROBE_N choose): SDPA's backward (cuDNN),
 the fast backward's Triton kernels as they run by default (gluon=False: dq_mode "kernel", autotuned), and
 dq_mode "atomic" with the dK/dV tiles of ``ATOMIC``: 4-warp programs of 64 keys (two per SM) against 8-warp
 programs of 128 keys (one per SM, half as many additions into dQ); every variant checked against float64
@@ -38,6 +39,7 @@ ATOMIC = {64: [(64, 64, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3)
 # which problems: PROBE_D="64 128", PROBE_N="4096 16384" (the defaults)
 HEAD_DIMS = [int(x) for x in os.environ.get("PROBE_D", "64 128").split()]
 LENGTHS = [int(x) for x in os.environ.get("PROBE_N", "4096 16384").split()]
+DTYPES = [getattr(torch, x) for x in os.environ.get("PROBE_DTYPES", "float16 bfloat16").split()]
 
 
 def log(*args):
@@ -74,20 +76,30 @@ def check_and_time(fns, q, k, v, do, causal, rounds=3):
     return errors, times, {name: statistics.median(t) for name, t in times.items()}
 
 
-def problem(dtype, D, causal, N):
+def inputs(dtype, D, causal, N):
+    """One probe problem (B·N = 16384, H = 16): B, q, k, v, do and the fast forward's o and log-sum-exp."""
     B, H = 16384 // N, 16
     q, k, v = runtime.random_qkv(B, H, N, D, dtype=dtype, seed_value=N + D)
     do = runtime.random_qkv(B, H, N, D, dtype=dtype, seed_value=N + D + 1)[0]
     o, lse = attention_fast(q, k, v, causal=causal, return_lse=True)
+    return B, q, k, v, do, o, lse
+
+
+def problem(dtype, D, causal, N):
+    B, q, k, v, do, o, lse = inputs(dtype, D, causal, N)
     fns = variants(q, k, v, o, lse, do, causal, D)
     errors, times, ms = check_and_time(fns, q, k, v, do, causal)
-    flops = attention_flops(B, H, N, D, causal) * BACKWARD_FACTOR
+    flops = attention_flops(B, q.shape[1], N, D, causal) * BACKWARD_FACTOR
     row = dict(dtype=str(dtype).replace("torch.", ""), D=D, causal=causal, N=N, B=B, ms=ms, rounds=times,
                err=errors, tflops={name: flops / t / 1e9 for name, t in ms.items()},
                ratio={name: ms["sdpa"] / t for name, t in ms.items()},
                tuned=dict(dkdv=fb.picked_tiles("dkdv", D=D, dtype=dtype, L=N, causal=causal),
                           dq=fb.picked_tiles("dq", D=D, dtype=dtype, L=N, causal=causal)))
-    return row, fns
+    if dtype == torch.float16 and N == 16384 and not causal:
+        atomic = [n for n in ms if n.startswith("atomic")]
+        best = max(atomic, key=lambda n: row["ratio"][n], default=None)
+        row["profile"] = kernel_times(fns, ["kernel (tuned)", best])
+    return row
 
 
 def kernel_times(fns, names):
@@ -109,10 +121,13 @@ def kernel_times(fns, names):
     return out
 
 
-def main():
-    os.makedirs(OUT, exist_ok=True)
+def run_problems(problem, out_path):
+    """``problem(dtype, D, causal, N) -> row`` for every problem (PROBE_DTYPES, PROBE_D, PROBE_N, causal and not)
+    while PROBE_BUDGET_S lasts (none starts past it); each row's largest errors logged, and every row so far
+    rewritten to ``out_path`` after each problem."""
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
     rows = []
-    for dtype in (torch.float16, torch.bfloat16):
+    for dtype in DTYPES:
         for D in HEAD_DIMS:
             for causal in (False, True):
                 for N in LENGTHS:
@@ -120,20 +135,20 @@ def main():
                         log("out of time, skipped", dtype, D, causal, N)
                         continue
                     try:
-                        row, fns = problem(dtype, D, causal, N)
-                        if dtype == torch.float16 and N == 16384 and not causal:
-                            atomic = [n for n in row["ms"] if n.startswith("atomic")]
-                            best = max(atomic, key=lambda n: row["ratio"][n], default=None)
-                            row["profile"] = kernel_times(fns, ["kernel (tuned)", best])
+                        row = problem(dtype, D, causal, N)
                         rows.append(row)
-                        worst_error = {n: round(max(e), 5) if isinstance(e, list) else e for n, e in row["err"].items()}
-                        log(row["dtype"], D, "causal" if causal else "full", N,
-                            f"| kernel {row['ratio']['kernel (tuned)']:.3f} | max rel errors {worst_error}")
-                    except Exception:  # noqa: BLE001
+                        worst = {n: round(max(e), 5) if isinstance(e, list) else e for n, e in row["err"].items()}
+                        log(row["dtype"], D, "causal" if causal else "full", N, "| max rel errors", worst)
+                    except Exception:  # noqa: BLE001 - one failure must not stop the others
                         log("FAILED", dtype, D, causal, N, traceback.format_exc()[-800:])
-                    with open(os.path.join(OUT, "bwd_exp.json"), "w") as f:
+                    with open(out_path, "w") as f:
                         json.dump(rows, f, indent=1)
                     torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    rows = run_problems(problem, os.path.join(OUT, "bwd_exp.json"))
     log("SUMMARY: speed as a ratio to SDPA's backward (SDPA ms / variant ms)")
     names = sorted({n for r in rows for n in r["ratio"] if n != "sdpa"})
     for r in rows:
