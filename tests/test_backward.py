@@ -187,6 +187,22 @@ def test_fast_backward_gluon_small_problems_on_gpu(dtype, D, causal):
         assert max(errs) < TOL[dtype], (B, H, N, errs)
 
 
+@GPU
+def test_fast_backward_gluon_takes_lse_as_any_view_on_gpu():
+    """The kernel reads lse through the TMA engine (16-byte-aligned rows): an lse that is a view at an odd offset
+    into a larger buffer, or a transposed one, gives the same gradients."""
+    q, k, v, do = make_inputs(2, 2, 2, 256, 256, 64, torch.float16, seed=11)
+    o64, lse64, *ref = reference_grads(q, k, v, do, True)
+    o, lse = o64.half(), lse64.float()
+    buffer = torch.empty(lse.numel() + 1, device=lse.device)
+    shifted = buffer[1:].view(lse.shape)  # 4 bytes past an aligned start
+    shifted.copy_(lse)
+    transposed = lse.transpose(1, 2).contiguous().transpose(1, 2)
+    for view in (shifted, transposed):
+        grads = attention_backward_fast(q, k, v, o, view, do, causal=True, gluon=True)
+        assert max(grad_errors(grads, ref)) < TOL[torch.float16]
+
+
 def test_fast_backward_gluon_applies_only_where_it_can():
     """Which problems the Gluon kernel takes (shapes and dtypes only: meta tensors, no GPU needed)."""
     gluon = pytest.importorskip("flashattn.kernels.fast_backward_gluon", reason="Triton without Gluon")

@@ -5,7 +5,8 @@ loop over Q blocks scheduled by the compiler. This kernel is the same loop laid 
 FlashAttention-3 lays out its backward on Hopper (``fast_gluon.py`` does it for the forward):
 
 * one program per tile of BLOCK_N = 128 keys of one head; a **producer** warp issues every TMA copy: the
-  tile's K and V once, then Q and dO blocks (BLOCK_M = 64 rows) into a ring of STAGES (3) slots;
+  tile's K and V once, then Q and dO blocks (BLOCK_M = 64 rows), with their rows of lse and delta, into a ring
+  of STAGES slots (4 at D = 64, 2 at D = 128: what fits in shared memory);
 * two **consumer** warpgroups, warpgroup w owning keys 64w .. 64w + 63 of the tile (their dK and dV
   accumulators, 64 × D float32 each), run for every Q block the transposed tiles of ``fast_backward.py``::
 
@@ -15,15 +16,23 @@ FlashAttention-3 lays out its backward on Hopper (``fast_gluon.py`` does it for 
       dvj += pijT · doi,  dkj += dsijT · qi         (pijT and dsijT straight from registers)
 
 * dQ without a second kernel: each warpgroup writes its half of dsijT into a shared (128 × 64) tile, and the
-  warpgroups take turns, one Q block each, computing ``dqi = dsij · kj`` over all 128 keys and adding it
-  into a float32 buffer with atomic adds (Triton 3.6's Gluon has no TMA reduce-add for Hopper);
-  ``fast_backward.finish_dq`` then scales it and rounds it to 16 bits in one small kernel. Five matrix products per Q block and key
-  tile, the convention's, where the Triton kernels' default does seven; the sum into dQ runs in whatever
-  order the adds arrive, so dQ can differ from run to run in the last bits.
+  warpgroups take turns, one Q block each, computing ``dqi = dsij · kj`` over all 128 keys. The warpgroup
+  writes dqi into its own float32 tile in shared memory and the TMA engine adds the tile into a float32
+  buffer in global memory (a bulk reduce-add, :func:`tma_reduce_add`), while the warpgroup goes on to the next
+  block; ``fast_backward.finish_dq`` then scales the buffer and rounds it to 16 bits in one small kernel.
+  Five matrix products per Q block and key tile, the convention's, where the Triton kernels' default does
+  seven; the sum into dQ runs in whatever order the adds arrive, so dQ can differ from run to run in the
+  last bits.
+
+An earlier version added dQ with ``gl.atomic_add`` from registers (64 reductions per thread and Q block) and
+loaded lse and delta with ``gl.load``: ncu's stall sampling found the warpgroups waiting on global memory
+there, and handing both to the TMA engine is what lifted this kernel past the Triton kernels and to
+cuDNN's speed (notebook 12 reads the recorded ratios).
 
 mbarriers pass the shared tiles around: ``qdo_ready``/``qdo_empty`` for the ring slots (both warpgroups give
 a slot back), ``ds_ready``/``ds_empty`` for two dsijT tiles (both halves written; read by the warpgroup
-whose turn it is). ``setmaxnreg`` gives the consumers 240 registers per thread, the producer 24.
+whose turn it is). ``setmaxnreg`` gives the consumers 240 registers per thread, the producer 24. Each warpgroup's
+``tma.store_wait(0)`` before it writes its dQ tile again waits for its own add, issued two blocks earlier.
 
 Hopper only (``wgmma``), 16-bit inputs, D = 64 or 128, as many keys as queries, one K/V head per query head,
 N a multiple of 128; ``fast_backward.attention_backward_fast`` runs the Triton kernels everywhere else.
@@ -32,14 +41,18 @@ N a multiple of 128; ``fast_backward.attention_backward_fast`` runs the Triton k
 from __future__ import annotations
 
 import torch
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from . import launch_cache
 from .constants import LOG2_E
@@ -47,14 +60,26 @@ from .fast_gluon import DTYPES, _mma_layout, descriptor, tma_load
 
 BLOCK_M: gl.constexpr = gl.constexpr(64)  # Q rows per step
 BLOCK_N: gl.constexpr = gl.constexpr(128)  # keys per program: 64 per consumer warpgroup
-STAGES = 3  # Q/dO ring slots by default (3 beat 2 on the H200: tools/gpu/backward/gluon_probe.py)
 HEAD_DIMS = (64, 128)
+# Q/dO ring slots: the deepest ring that fits in 227 KB of shared memory beside K, V, two dSᵀ tiles and the two
+# float32 dQ tiles (at D = 128 that is 2; at D = 64, 4 beat 3 on the H200: tools/gpu/backward/gluon_probe.py)
+STAGES = {64: 4, 128: 2}
 MAXNREG = 168  # at launch: 3 warpgroups' worth of the register file; setmaxnreg moves them to the consumers
 
 
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """``global[coord] += src`` for a shared tile, by the TMA engine (``cp.reduce.async.bulk.tensor ... add``).
+    Triton 3.6 builds the operation (``tl`` descriptors' ``atomic_add`` use it) but Gluon's ``tma`` module does
+    not export it yet; this wraps it the way that module wraps ``async_copy_shared_to_global``. Like a TMA store it
+    completes asynchronously: ``tma.store_wait`` before the tile is written again."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
 @gluon.jit
-def _producer(Q, K, V, DO, N, k_tile, v_tile, q_ring, do_ring, kv_ready, qdo_ready, qdo_empty,
-              CAUSAL: gl.constexpr):
+def _producer(Q, K, V, DO, LSE, DELTA, N, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, kv_ready,
+              qdo_ready, qdo_empty, CAUSAL: gl.constexpr):
     start_n = gl.program_id(0) * BLOCK_N
     row0 = gl.program_id(1) * N  # the head's first row in the (B·H·N, D) matrices
     lo = start_n if CAUSAL else 0  # query m sees key n iff n <= m: earlier Q blocks see none of this tile
@@ -64,17 +89,20 @@ def _producer(Q, K, V, DO, N, k_tile, v_tile, q_ring, do_ring, kv_ready, qdo_rea
     tma_load(V, [row0 + start_n, 0], kv_ready, v_tile)
     for i in range((N - lo) // BLOCK_M):
         s = i % STAGES
+        start_m = row0 + lo + i * BLOCK_M
         mbarrier.wait(qdo_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes a wait on parity 1
         bar = qdo_ready.index(s)
-        mbarrier.expect(bar, Q.block_type.nbytes + DO.block_type.nbytes)
-        tma_load(Q, [row0 + lo + i * BLOCK_M, 0], bar, q_ring.index(s))
-        tma_load(DO, [row0 + lo + i * BLOCK_M, 0], bar, do_ring.index(s))
+        mbarrier.expect(bar, Q.block_type.nbytes + DO.block_type.nbytes + 2 * LSE.block_type.nbytes)
+        tma_load(Q, [start_m, 0], bar, q_ring.index(s))
+        tma_load(DO, [start_m, 0], bar, do_ring.index(s))
+        tma_load(LSE, [start_m], bar, lse_ring.index(s))  # the block's rows of lse and delta ride along
+        tma_load(DELTA, [start_m], bar, delta_ring.index(s))
 
 
 @gluon.jit
 def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr):
-    LSE, DELTA, DQ_ACC, DK, DV, N, qk_scale, scale = io
-    k_tile, v_tile, q_ring, do_ring, ds_tiles = tiles
+    DQ_ACC, DK, DV, N, qk_scale, scale = io
+    k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ds_tiles, dq_tiles = tiles
     kv_ready, qdo_ready, qdo_empty, ds_ready, ds_empty = bars
     D: gl.constexpr = k_tile.shape[1]
     STAGES: gl.constexpr = q_ring.shape[0]
@@ -83,16 +111,15 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr):
     s_layout: gl.constexpr = _mma_layout(4, BLOCK_M)  # sijT, dpijT: (HALF keys, BLOCK_M queries)
     acc_layout: gl.constexpr = _mma_layout(4, D)  # dkj, dvj (HALF, D); dqi (BLOCK_M, D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // D, D // 8], [4, 1], [1, 0])
+    row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query of the block: lse_i, delta_i
 
     start_n = gl.program_id(0) * BLOCK_N
     row0 = gl.program_id(1) * N
     lo = start_n if CAUSAL else 0
     kj = k_tile.slice(WG * HALF, HALF)
     vj = v_tile.slice(WG * HALF, HALF)
+    dq_tile = dq_tiles.index(WG)
     offs_n = start_n + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
-    offs_dq_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
     s_zero = gl.zeros([HALF, BLOCK_M], gl.float32, layout=s_layout)  # not read: use_acc=False
     dq_zero = gl.zeros([BLOCK_M, D], gl.float32, layout=acc_layout)
     dkj = gl.zeros([HALF, D], gl.float32, layout=acc_layout)
@@ -101,19 +128,19 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr):
     for i in range((N - lo) // BLOCK_M):
         s = i % STAGES
         start_m = lo + i * BLOCK_M
-        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        lse_i = gl.load(LSE + row0 + offs_m) * LOG2_E
         mbarrier.wait(qdo_ready.index(s), (i // STAGES) & 1)
         qi = q_ring.index(s)
         doi = do_ring.index(s)
         sijT = warpgroup_mma(kj, qi.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dpijT = warpgroup_mma(vj, doi.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        lse_i = lse_ring.index(s).load(row_layout) * LOG2_E
         sijT = warpgroup_mma_wait(1, deps=[sijT])  # the scores are in; dpijT may still be running
         pijT = gl.exp2(sijT * qk_scale - lse_i[None, :])
         if CAUSAL:
             if start_m < start_n + BLOCK_N:  # the blocks on the diagonal
+                offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
                 pijT = gl.where(offs_n[:, None] <= offs_m[None, :], pijT, 0.0)
-        delta_i = gl.load(DELTA + row0 + offs_m)
+        delta_i = delta_ring.index(s).load(row_layout)
         dpijT = warpgroup_mma_wait(0, deps=[dpijT])
         dsijT = (pijT * (dpijT - delta_i[None, :])).to(dtype)
         dvj = warpgroup_mma(gl.convert_layout(pijT.to(dtype), a_layout), doi, dvj, is_async=True)
@@ -130,14 +157,17 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr):
             dqi = warpgroup_mma(ds_tiles.index(b).permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
             dqi = warpgroup_mma_wait(0, deps=[dqi])
             mbarrier.arrive(ds_empty.index(b), count=1)
-            ptrs = DQ_ACC + (row0 + start_m + offs_dq_m).to(gl.int64)[:, None] * D + offs_d[None, :]
-            gl.atomic_add(ptrs, dqi, sem="relaxed")
+            tma.store_wait(0)  # the add this warpgroup issued two blocks ago has read its dQ tile
+            dq_tile.store(dqi)
+            fence_async_shared()
+            tma_reduce_add(DQ_ACC, [row0 + start_m, 0], dq_tile)
+    tma.store_wait(0)
 
-    offs_o = start_n + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, out_layout))
-    offs_od = gl.arange(0, D, layout=gl.SliceLayout(0, out_layout))
-    o_ptrs = (row0 + offs_o).to(gl.int64)[:, None] * D + offs_od[None, :]
-    gl.store(DK + o_ptrs, gl.convert_layout((dkj * scale).to(dtype), out_layout))
-    gl.store(DV + o_ptrs, gl.convert_layout(dvj.to(dtype), out_layout))
+    offs_o = row0 + start_n + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
+    o_ptrs = offs_o.to(gl.int64)[:, None] * D + offs_d[None, :]
+    gl.store(DK + o_ptrs, (dkj * scale).to(dtype))  # from the accumulators' layout: no shared memory for a change
+    gl.store(DV + o_ptrs, dvj.to(dtype))
 
 
 @gluon.jit
@@ -149,8 +179,11 @@ def bwd_kernel_gluon(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, N, qk_scale, scale
     v_tile = gl.allocate_shared_memory(dtype, [BLOCK_N, D], V.layout)
     q_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], Q.layout)
     do_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], DO.layout)
+    lse_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], LSE.layout)
+    delta_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], DELTA.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     ds_tiles = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    dq_tiles = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, D], DQ_ACC.layout)  # one per warpgroup
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -163,13 +196,13 @@ def bwd_kernel_gluon(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, N, qk_scale, scale
     for b in gl.static_range(2):
         mbarrier.init(ds_ready.index(b), count=2)  # both halves written
         mbarrier.init(ds_empty.index(b), count=1)  # read by the warpgroup whose turn it was
-    io = (LSE, DELTA, DQ_ACC, DK, DV, N, qk_scale, scale)
-    tiles = (k_tile, v_tile, q_ring, do_ring, ds_tiles)
+    io = (DQ_ACC, DK, DV, N, qk_scale, scale)
+    tiles = (k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ds_tiles, dq_tiles)
     bars = (kv_ready, qdo_ready, qdo_empty, ds_ready, ds_empty)
     gl.warp_specialize([(_consumer, (io, tiles, bars, 0, CAUSAL)),
                         (_consumer, (io, tiles, bars, 1, CAUSAL)),
-                        (_producer, (Q, K, V, DO, N, k_tile, v_tile, q_ring, do_ring, kv_ready, qdo_ready,
-                                     qdo_empty, CAUSAL))],
+                        (_producer, (Q, K, V, DO, LSE, DELTA, N, k_tile, v_tile, q_ring, do_ring, lse_ring,
+                                     delta_ring, kv_ready, qdo_ready, qdo_empty, CAUSAL))],
                        [4, 1], [240, 24])
 
 
@@ -190,16 +223,27 @@ def applies(q, k, causal: bool) -> str | None:
     return None
 
 
-def attention_backward_gluon(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int = STAGES):
+def row_descriptor(x: torch.Tensor) -> TensorDescriptor:
+    """A TMA descriptor over (B, H, N) float32 ``x`` (lse, delta) seen as one vector, blocks of BLOCK_M rows."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+    return TensorDescriptor(x, [x.numel()], [1], [BLOCK_M.value], layout)
+
+
+def attention_backward_gluon(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | None = None):
     """(the float32 sums of dQ, not yet scaled), dk, dv for contiguous, 16-byte-aligned (B, H, N, D) inputs that
-    :func:`applies` accepts; ``delta`` (B, H, N) float32 is rowsum(o ∘ do) (``fast_backward.delta_rows``), and
-    ``fast_backward.finish_dq`` turns the sums into dQ."""
+    :func:`applies` accepts; ``lse`` and ``delta`` (B, H, N) float32, contiguous, ``delta`` = rowsum(o ∘ do)
+    (``fast_backward.delta_rows``); ``fast_backward.finish_dq`` turns the sums into dQ. ``stages``: the Q/dO ring's
+    slots (default :data:`STAGES` for D)."""
     B, H, N, D = q.shape
+    if lse.data_ptr() % 16:  # a view into a larger tensor: TMA needs 16-byte-aligned rows
+        lse = lse.clone()
     dq_acc = torch.zeros((B, H, N, D), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     descs = (descriptor(q, BLOCK_M.value), descriptor(k, BLOCK_N.value), descriptor(v, BLOCK_N.value),
-             descriptor(do, BLOCK_M.value))
+             descriptor(do, BLOCK_M.value), row_descriptor(lse), row_descriptor(delta),
+             TensorDescriptor(dq_acc, [B * H * N, D], [D, 1], [BLOCK_M.value, D],
+                              gl.NVMMASharedLayout.get_default_for([BLOCK_M.value, D], gl.float32)))
     launch_cache.launch(bwd_kernel_gluon, (N // BLOCK_N.value, B * H),
-                        (*descs, lse, delta, dq_acc, dk, dv, N, scale * LOG2_E.value, scale),
-                        dict(D=D, CAUSAL=causal, STAGES=stages), num_warps=4, maxnreg=MAXNREG)
+                        (*descs, dk, dv, N, scale * LOG2_E.value, scale),
+                        dict(D=D, CAUSAL=causal, STAGES=stages or STAGES[D]), num_warps=4, maxnreg=MAXNREG)
     return dq_acc, dk, dv
