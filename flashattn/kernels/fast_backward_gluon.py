@@ -26,8 +26,8 @@ FlashAttention-3 lays out its backward on Hopper (``fast_gluon.py`` does it for 
 
 An earlier version added dQ with ``gl.atomic_add`` from registers (64 reductions per thread and Q block) and
 loaded lse and delta with ``gl.load``: ncu's stall sampling found the warpgroups waiting on global memory
-there, and handing both to the TMA engine is what lifted this kernel past the Triton kernels and to
-cuDNN's speed (notebook 12 reads the recorded ratios).
+there, and handing both to the TMA engine is what brought this kernel to cuDNN's speed (notebook 12 reads
+the recorded ratios).
 
 mbarriers pass the shared tiles around: ``qdo_ready``/``qdo_empty`` for the ring slots (both warpgroups give
 a slot back), ``ds_ready``/``ds_empty`` for two dsijT tiles (both halves written; read by the warpgroup
