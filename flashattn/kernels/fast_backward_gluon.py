@@ -60,10 +60,11 @@ from .fast_gluon import DTYPES, _mma_layout, descriptor, tma_load
 
 BLOCK_M: gl.constexpr = gl.constexpr(64)  # Q rows per step
 BLOCK_N: gl.constexpr = gl.constexpr(128)  # keys per program: 64 per consumer warpgroup
-HEAD_DIMS = (64, 128)
-# Q/dO ring slots: the deepest ring that fits in 227 KB of shared memory beside K, V, two dSᵀ tiles and the two
-# float32 dQ tiles (at D = 128 that is 2; at D = 64, 4 beat 3 on the H200: tools/gpu/backward/gluon_probe.py)
+# Q/dO ring slots per head dimension: the deepest ring that fits in 227 KB of shared memory beside K, V, two dSᵀ
+# tiles and the two float32 dQ tiles (at D = 128 that is 2; at D = 64, 4 beat 3 on the H200:
+# tools/gpu/backward/gluon_probe.py)
 STAGES = {64: 4, 128: 2}
+HEAD_DIMS = tuple(STAGES)
 MAXNREG = 168  # at launch: 3 warpgroups' worth of the register file; setmaxnreg moves them to the consumers
 
 
