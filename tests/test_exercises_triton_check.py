@@ -105,7 +105,8 @@ def test_close_compares_nan_and_infinity_positions():
 
 def test_launch_names_the_case_and_gives_a_hint():
     x = torch.zeros(8, device=runtime.DEVICE)
-    with pytest.raises(ExerciseFailed, match=r"(?s)case 7: your kernel raised .*Hint: tl.arange needs constexpr"):
+    with pytest.raises(ExerciseFailed, match=r"(?s)case 7: your kernel raised .*In line 1 of arange_of_n_kernel: "
+                       r"offs = tl.arange\(0, N\).*Hint: .*tl.arange, tl.zeros and tl.full take constexpr sizes"):
         launch(arange_of_n_kernel, (1,), x, 8, where="case 7")
 
 

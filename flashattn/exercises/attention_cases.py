@@ -1,8 +1,11 @@
 """The inputs and the comparisons the attention-kernel checks share (notebooks 02, 04, 05, 06).
 
-A ``Case`` is one problem: sizes, causal or not, dtype, and the memory layout of q, k, v. Inputs are
-placed in buffers with NaN around them (and, for the "mixed" layout, in non-contiguous memory with padded
-rows, each tensor with its own strides), so that an unmasked read past the end shows as NaN.
+A ``Case`` is one problem: sizes, causal or not, dtype, the memory layout of q, k, v (and of the output),
+and what the values look like. Inputs are placed in buffers with NaN around them, so that an unmasked read
+past the end shows as NaN. In the "mixed" layout every tensor has its own strides, none of them contiguous in
+any dimension (the last included: its elements are 2, 3, ... apart), no two tensors share one, and the
+memory between elements holds random numbers, so that a tensor read through another's strides, or as if it
+were contiguous, gives numbers a model of that mistake reproduces (``evidence.stride_suspects``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from flashattn.reference import reference
 
 from ._check import ExerciseFailed
+from .evidence import first_wrong
 from .triton_check import Buffer, close
 
 NAN = float("nan")
@@ -31,8 +35,9 @@ class Case:
     D: int
     causal: bool
     dtype: torch.dtype = torch.float32
-    layout: str = "bhnd"  # "bhnd": contiguous (B, H, N, D); "mixed": see input_buffer
+    layout: str = "bhnd"  # "bhnd": contiguous (B, H, N, D); "mixed": see MIXED
     q_scale: float = 1.0  # > 1 gives large scores
+    values: str = "random"  # "random", or "negative_rows": see random_qkv
 
     def text(self) -> str:
         dtype = str(self.dtype).replace("torch.", "")
@@ -43,6 +48,16 @@ class Case:
         return 1.0 / math.sqrt(self.D)
 
 
+# the "mixed" layout of each tensor: (order of the dimensions in memory, padding after each, step of each)
+MIXED = {
+    "q": ((0, 2, 1, 3), (0, 0, 3, 0), (1, 1, 1, 2)),  # a projection's (B, N, H, D) output, every other element
+    "k": ((0, 1, 2, 3), (0, 0, 5, 1), (1, 1, 1, 3)),  # padded rows, every third element
+    "v": ((1, 0, 3, 2), (1, 0, 2, 0), (1, 1, 1, 1)),  # (H, B, D, N) memory: stride_vn = 1
+    "o": ((0, 1, 2, 3), (0, 0, 32, 3), (1, 1, 1, 4)),  # padded rows (and BLOCK_M rows past N), every fourth
+    "s": ((0, 1, 3, 2), (0, 0, 32, 16), (1, 1, 1, 1)),  # S stored column by column, padded
+}
+
+
 # Problems that more than one kernel check runs (the scores, v1 and v2 kernels), each at the same place in
 # its list, ordered so that one kind of mistake shows at a time
 ONE_HEAD = Case("one head, N a multiple of both blocks", 1, 1, 64, 16, False)
@@ -50,32 +65,54 @@ FIRST_CASES = (ONE_HEAD, Case("N not a multiple of the blocks, B and H > 1", 2, 
                Case("causal", 2, 2, 50, 16, True))  # the first three of the scores and v2 checks
 N_IS_ONE = Case("N = 1", 1, 2, 1, 16, True)
 LARGE_SCORES = Case("large scores (q × 40, row maxima up to about 150)", 1, 2, 50, 16, False, q_scale=40.0)
+NEGATIVE_ROWS = Case("rows whose scores are all below -100, between rows of mixed sign", 2, 1, 40, 16, False,
+                     values="negative_rows")
 
 
 def random_qkv(case: Case, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fresh float64 q, k, v (B, H, N, D), rounded to the case's dtype (so the reference sees the same numbers)."""
+    """Fresh float64 q, k, v (B, H, N, D), rounded to the case's dtype (so the reference sees the same numbers).
+
+    "negative_rows": the keys share a direction u; every other query row points against it, so that all its
+    scores lie around -200 (exp of them underflows float32 to 0: a running max started at 0 shows), the rows
+    between are q × 40 (scores of both signs, maxima far above 0)."""
     gen = torch.Generator().manual_seed(seed)
     shape = (case.B, case.H, case.N, case.D)
     q, k, v = (torch.randn(*shape, generator=gen, dtype=torch.float64) for _ in range(3))
-    return tuple(t.to(case.dtype).double() for t in (case.q_scale * q, k, v))
+    q = case.q_scale * q
+    if case.values == "negative_rows":
+        u = torch.randn(case.D, generator=gen, dtype=torch.float64)
+        u = u / u.norm()
+        k = 2.0 * u + 0.25 * k
+        against = -100.0 * math.sqrt(case.D) * u + 0.1 * q  # scores: 2·(-100)·|u|² ≈ -200
+        q = torch.where((torch.arange(case.N) % 2 == 0)[:, None], against, 40.0 * q)
+    return tuple(t.to(case.dtype).double() for t in (q, k, v))
+
+
+def _mixed(which: str, shape, dtype, fill, values, seed: int) -> Buffer:
+    order, pad, step = MIXED[which]
+    return Buffer(shape, dtype, order=order, pad=pad, step=step, fill=fill, values=values,
+                  gaps="noise" if values is not None else None, seed=seed)
 
 
 def input_buffer(case: Case, values: torch.Tensor, which: str, fill=NAN) -> Buffer:
-    """Input ``which`` ("q", "k" or "v"), (B, H, N, D), in the case's layout, surrounded by ``fill``.
-
-    "mixed": q and v are views of (B, N + 3, H, D) memory (a projection's output, rows padded), k of
-    (B, H, N + 5, D) memory, so that no two of them share strides and a padded row holds ``fill``.
-    """
+    """Input ``which`` ("q", "k" or "v"), (B, H, N, D), in the case's layout, surrounded by ``fill``."""
     shape = (case.B, case.H, case.N, case.D)
-    if case.layout == "mixed" and which in ("q", "v"):
-        return Buffer(shape, case.dtype, order=(0, 2, 1, 3), pad=(0, 0, 3, 0), fill=fill, values=values)
     if case.layout == "mixed":
-        return Buffer(shape, case.dtype, pad=(0, 0, 5, 0), fill=fill, values=values)
+        return _mixed(which, shape, case.dtype, fill, values, seed="qkv".index(which))
     return Buffer(shape, case.dtype, fill=fill, values=values)
 
 
 def input_buffers(case: Case, qkv, fill=NAN) -> tuple[Buffer, Buffer, Buffer]:
     return tuple(input_buffer(case, t, which, fill) for t, which in zip(qkv, "qkv", strict=True))
+
+
+def output_buffer(case: Case, which: str, shape, dtype, block_rows: int, block_cols: int = 0) -> Buffer:
+    """The output ``which`` ("o" or "s"), holding the sentinel: rows (and columns) past N land in padding of
+    at least a block, so that an unmasked store of an edge tile shows; "mixed": see MIXED."""
+    if case.layout == "mixed":
+        order, pad, step = MIXED[which]
+        return Buffer(shape, dtype, order=order, pad=pad, step=step)
+    return Buffer(shape, dtype, pad=(0, 0, block_rows, block_cols))
 
 
 def reference_of(case: Case, q, k, v) -> torch.Tensor:
@@ -107,11 +144,11 @@ def match_models(got: torch.Tensor, ref: torch.Tensor, models, tol: float) -> st
     return None
 
 
-def first_bad_row(got: torch.Tensor, ref: torch.Tensor) -> tuple[int, int, int]:
-    """(b, h, row) of the first query row that is wrong (or not finite)."""
-    err = (got - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)
-    bad = ~(err <= 1e-3)
-    return tuple(int(i) for i in torch.nonzero(bad)[0])
+def first_bad_row(got: torch.Tensor, ref: torch.Tensor, tol: float = 1e-4) -> tuple[int, int, int] | None:
+    """(b, h, row) of the first query row with an element that stands out as wrong (or not finite), or None
+    when no element does (a result that is off by a little everywhere)."""
+    index = first_wrong(got, ref, tol)
+    return None if index is None else index[:3]
 
 
 def fail(case: Case, text: str) -> None:

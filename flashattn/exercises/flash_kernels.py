@@ -30,22 +30,25 @@ from .attention_cases import (
     FIRST_CASES,
     LARGE_SCORES,
     N_IS_ONE,
-    OFFSETS_ADVICE,
+    NEGATIVE_ROWS,
     ONE_HEAD,
     Case,
     fail,
-    first_bad_row,
     input_buffers,
     match_models,
+    output_buffer,
     per_head_hint,
     random_qkv,
     reference_of,
 )
+from .evidence import Named, known
 from .flash_models import NEG_INF, V1_SWITCHES, V2_SWITCHES, v1_tile_model, v2_tile_model
-from .triton_check import Buffer, check_writes, close, launch, near_miss_hint, require_jit, require_masks, tolerance
+from .layout_checks import name_read_mistake, name_store_mistake, store_models
+from .triton_check import close, launch, near_miss_hint, require_jit, require_masks, tolerance
 
 MODEL_TOL = 1e-4  # a float32 kernel and its float64 model agree to ~1e-6; mistakes differ by far more
-
+ROUNDED = ("the output is close but not exact, as if {what} were rounded to float16 (the model of that gives this "
+           "result): this is a float32 problem, so keep every step in float32. ")
 
 V2_MESSAGES = {  # mistake (flash_models.V2_SWITCHES) -> what the learner should change, in the order tried
     "exp_old_max":
@@ -88,6 +91,27 @@ V2_MESSAGES = {  # mistake (flash_models.V2_SWITCHES) -> what the learner should
         "NaN in the rows that are fully masked inside a diagonal block (with BLOCK_M = 32 > BLOCK_N = 16 some "
         "query rows see none of the block's keys): their block max is -inf and exp(-inf - (-inf)) = NaN. "
         "Exponentiate against the running max mi_new, which is finite from the first block on.",
+    "no_max":
+        "NaN or inf where the scores are large: the scores are exponentiated without subtracting a max, and exp "
+        "overflows float32 above 88.7. Exponentiate against the running max, pij = exp(sij - mi_new), which keeps "
+        "every exponent <= 0.",
+    "max_from_zero":
+        "the rows whose scores are all below -100 are NaN: mi starts at 0 instead of -inf. For those rows mi_new = "
+        "max(0, rowmax(sij)) stays 0, every pij = exp(sij - 0) underflows to 0, li = 0 and acc / li = 0 / 0. "
+        "Start the running max at -inf: mi = tl.full([BLOCK_M], float('-inf'), tl.float32).",
+    "max_from_zero_sum_from_one":
+        "mi starts at 0 and li at 1: with a finite starting max, alpha = exp(mi - mi_new) no longer wipes the "
+        "starting state at the first block, so the 1 in li counts (and the rows whose scores are all below -100 "
+        "come out 0). Start with mi = -inf, li = 0, acc = 0.",
+    "max_from_zero_acc_from_one":
+        "mi starts at 0 and acc does not start at 0: with a finite starting max, alpha = exp(mi - mi_new) no "
+        "longer wipes the starting acc at the first block. Start with mi = -inf, li = 0, acc = 0 (tl.zeros).",
+    "rounded_out": ROUNDED.format(what="the stored output") + "Store acc / li[:, None] as it is: tl.store converts "
+        "to O's dtype itself.",
+    "rounded_p": ROUNDED.format(what="the exponentials pij") + "Convert pij to vj.dtype (float32 here), not to "
+        "tl.float16, before the product.",
+    "rounded_pv": ROUNDED.format(what="pij and vj") + "Convert pij to vj.dtype, and leave vj as it was loaded.",
+    "rounded_qk": ROUNDED.format(what="qi and kj") + "Multiply the tiles as they were loaded.",
 }
 
 
@@ -99,7 +123,12 @@ def _name_the_mistake(case: Case, got, ref, tol: float, qkv, model, switches, me
     flat = [t.reshape(shape) for t in qkv]
 
     def build(name):
-        return lambda: model(*flat, case.causal, block_m, block_n, case.scale, **switches[name]).reshape(got.shape)
+        options = dict(switches[name])
+        dtype = options.pop("dtype", torch.float64)  # float32 where the mistake shows only as float32 underflow
+        if case.dtype != torch.float32 and options.get("rounded"):
+            return lambda: None  # rounding to float16 is no mistake in a float16 problem
+        return lambda: model(*(t.to(dtype) for t in flat), case.causal, block_m, block_n, case.scale,
+                             **options).double().reshape(got.shape)
 
     models = [(build(name), message) for name, message in messages.items()]
     message = match_models(got, ref, models, MODEL_TOL if case.dtype == torch.float32 else 10 * tol)
@@ -110,8 +139,9 @@ def _name_the_mistake(case: Case, got, ref, tol: float, qkv, model, switches, me
 V2_BLOCK_M, V2_BLOCK_N = 32, 16
 V2_CASES = (
     *FIRST_CASES,
-    Case("q, k, v non-contiguous, each with its own strides", 2, 2, 17, 16, True, layout="mixed"),
-    N_IS_ONE, LARGE_SCORES,
+    Case("q, k, v, o non-contiguous, each with its own strides (none of them 1)", 2, 2, 17, 16, True,
+         layout="mixed"),
+    N_IS_ONE, LARGE_SCORES, NEGATIVE_ROWS,
     Case("float16, non-contiguous", 1, 2, 100, 16, True, torch.float16, "mixed"),
 )
 
@@ -123,9 +153,9 @@ def _launch_v2(kernel, case: Case, Q, K, V, O) -> None:
            CAUSAL=case.causal, PRECISION="ieee", where=case.text())
 
 
-def _output(case: Case) -> Buffer:
+def _output(case: Case):
     # rows past N of every head land in padding (BLOCK_M rows), where a write past the end shows
-    return Buffer((case.B, case.H, case.N, case.D), case.dtype, pad=(0, 0, V2_BLOCK_M, 0))
+    return output_buffer(case, "o", (case.B, case.H, case.N, case.D), case.dtype, V2_BLOCK_M)
 
 
 def _reads_outside(kernel_run, case: Case, qkv) -> bool:
@@ -136,26 +166,55 @@ def _reads_outside(kernel_run, case: Case, qkv) -> bool:
     return bool(torch.isfinite(O.view).all())
 
 
-def _diagnose_v2(kernel_run, case: Case, O: Buffer, qkv, passed: list[Case]) -> None:
-    where = case.text()
-    check_writes(O, "O", where, "Rows past N belong to no query: store with mask=offs_m[:, None] < N, at "
-                 "O + off_b*stride_ob + off_h*stride_oh + offs_m[:, None]*stride_on + offs_d[None, :]*stride_od.",
-                 far=OFFSETS_ADVICE)
-    missing = O.unwritten().cpu()
-    if missing.any():
-        b, h, row, _ = (int(i) for i in torch.nonzero(missing)[0])
-        fail(case, f"row {row} of head ({b}, {h}) was never written. Program (pid_m, pid_bh) stores rows "
-             "pid_m*BLOCK_M .. pid_m*BLOCK_M + BLOCK_M - 1 of head pid_bh (masked with offs_m < N).")
-    got, ref = O.view.double().cpu(), reference_of(case, *qkv)
+def _rows_index(case: Case, rows: int) -> torch.Tensor:
+    """(n, 4) positions (b, h, row, d) for rows 0 .. rows - 1 of every head."""
+    return torch.cartesian_prod(torch.arange(case.B), torch.arange(case.H), torch.arange(rows), torch.arange(case.D))
+
+
+def _grid_swapped(case: Case, O) -> set[int]:
+    """The positions a store changes when the program ids are swapped: program (x, y) of the grid
+    (cdiv(N, BLOCK_M), B·H) takes pid_bh = x and pid_m = y."""
+    sb, sh, sn, sd = O.view.stride()
+    out = set()
+    for x in range(triton.cdiv(case.N, V2_BLOCK_M)):
+        base = O.offset + (x // case.H) * sb + (x % case.H) * sh
+        for y in range(case.B * case.H):
+            for r in range(y * V2_BLOCK_M, min(case.N, (y + 1) * V2_BLOCK_M)):
+                out.update(base + r * sn + d * sd for d in range(case.D))
+    return out
+
+
+def _check_v2_store(case: Case, named: dict) -> None:
+    O = named["O"]
+
+    def models():
+        found = store_models(O, [named[n] for n in "QKV"], _rows_index(case, case.N))
+        found.append(("the program ids are swapped: the check launches the grid (cdiv(N, BLOCK_M), B·H), so "
+                      "pid_m = tl.program_id(0) and pid_bh = tl.program_id(1)", _grid_swapped(case, O.buffer)))
+        return found
+
+    def unmasked():
+        rows = _rows_index(case, triton.cdiv(case.N, V2_BLOCK_M) * V2_BLOCK_M)
+        return set((O.buffer.offset + rows @ torch.tensor(O.strides)).tolist())
+
+    name_store_mistake(case.text(), O, models, unmasked=unmasked,
+                       mask_text="Rows past N belong to no query: store with mask=offs_m[:, None] < N.")
+
+
+def _diagnose_v2(kernel_run, case: Case, named: dict, qkv, passed: list[Case]) -> None:
+    _check_v2_store(case, named)
+    got, ref = named["O"].buffer.view.double().cpu(), reference_of(case, *qkv)
     tol = tolerance(case.dtype)
     if close(got, ref, tol):
         return
     _name_the_mistake(case, got, ref, tol, qkv, v2_tile_model, V2_SWITCHES, V2_MESSAGES, V2_BLOCK_M, V2_BLOCK_N)
-    err = ((got - ref).norm() / ref.norm()).item()
-    if passed and case.layout == "mixed" and not any(c.layout == "mixed" for c in passed):
-        fail(case, f"the contiguous cases were right, this one is not (relative error {err:.2g}): here q and v "
-             "are views of (B, N, H, D) memory and k of padded (B, H, N, D) memory, so each tensor has its own "
-             "strides. Use each tensor's strides for every step, never N*D or D.")
+    model_tol = MODEL_TOL if case.dtype == torch.float32 else 10 * tol
+
+    def evaluate(Q=None, K=None, V=None):
+        q, k, v = (t if t is not None else d for t, d in zip((Q, K, V), qkv, strict=True))
+        return reference_of(case, q, k, v)
+
+    name_read_mistake(case.text(), got, model_tol, [named[n] for n in "QKV"], [named["O"]], evaluate)
     if not torch.isfinite(got).all() and _reads_outside(kernel_run, case, qkv):
         fail(case, "NaN in the output, which goes away when the memory around q, k and v holds zeros instead of "
              "NaN: your kernel reads past the end of a tensor (rows >= N) and uses what it reads. 0 * NaN is NaN "
@@ -163,13 +222,14 @@ def _diagnose_v2(kernel_run, case: Case, O: Buffer, qkv, passed: list[Case]) -> 
     hint = per_head_hint(got, ref, tol)
     if hint:
         fail(case, hint)
-    if case.q_scale > 1 and not torch.isfinite(got).all():
-        fail(case, "NaN or inf for large scores: exp overflows float32 above 88.7. Exponentiate against the "
-             "running max (pij = exp(sij - mi_new)), which keeps every exponent <= 0.")
-    b, h, row = first_bad_row(got, ref)
-    fail(case, f"the output is wrong (relative error {err:.2g}; the first wrong row is {row} of head "
-         f"({b}, {h})). Compare your loop with the v2 pseudo-code: sij, mi_new, pij, alpha, li, acc, mi."
-         + near_miss_hint(err, case.dtype))
+    err = ((got - ref).norm() / ref.norm()).item()
+    what = known(got, ref, tol)
+    if passed and case.layout == "mixed" and not any(c.layout == "mixed" for c in passed):
+        fail(case, f"the contiguous cases were right, this one is not ({what}). What differs here is the layout: "
+             "each tensor has its own strides, none of them 1 (q, k, v, o each in memory of its own shape, with "
+             "padding). Use each tensor's four strides for every step, never N*D, D or 1.")
+    fail(case, f"the output is wrong, and no single classic mistake of the v2 loop reproduces it ({what}). Compare "
+         "your loop with the v2 pseudo-code: sij, mi_new, pij, alpha, li, acc, mi." + near_miss_hint(err, case.dtype))
 
 
 @exercise("v2 kernel")
@@ -186,11 +246,12 @@ def check_v2_kernel(kernel) -> str:
             _launch_v2(kernel, case, Q, K, V, O)
 
         run(Q, K, V, O)
-        _diagnose_v2(run, case, O, qkv, passed)
+        named = {n: Named(n, b, "bhnd") for n, b in zip("QKVO", (Q, K, V, O), strict=True)}
+        _diagnose_v2(run, case, named, qkv, passed)
         passed.append(case)
     require_masks(kernel, "N is not a multiple of BLOCK_M or BLOCK_N: the last blocks stick out of Q, K, V and O.")
     return (f"{len(passed)} cases: ragged N, B and H > 1, causal with fully masked rows in diagonal blocks, "
-            "non-contiguous inputs, N = 1, large scores, float16")
+            "non-contiguous inputs and output, N = 1, large scores, rows of large negative scores, float16")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,6 +289,17 @@ V1_MESSAGES = {  # mistake (flash_models.V1_SWITCHES) -> what the learner should
     "no_undo":
         "the old O is already divided by li: multiply it back by li before adding the new block, "
         "oi_new = (alpha * li * oi + beta * pij @ vj) / li_new.",
+    "alpha_beta_swapped":
+        "alpha and beta are swapped in both li_new and oi_new: alpha = exp(mi - mi_new) rescales the old state "
+        "(li, oi), beta = exp(mij - mi_new) the block's new terms (lij, pij @ vj).",
+    "alpha_beta_swapped_l":
+        "alpha and beta are swapped in the update of li: li_new = alpha * li + beta * lij (alpha rescales the old "
+        "sum, beta the block's own lij).",
+    "alpha_beta_swapped_o":
+        "alpha and beta are swapped in the update of O: oi_new = (alpha * li * oi + beta * pij @ vj) / li_new "
+        "(alpha rescales the old state, beta the block's new term).",
+    "rounded_out": ROUNDED.format(what="oi_new") + "Return oi_new in float32: the v1 kernel stores it.",
+    "rounded_p": ROUNDED.format(what="pij") + "Convert pij to vj.dtype (float32 here) before the product.",
 }
 
 
@@ -237,7 +309,7 @@ V1_CASES = (
     Case("causal: rows fully masked inside diagonal blocks", 1, 2, 64, 16, True),
     Case("N not a multiple of the blocks, B and H > 1, causal", 2, 2, 50, 16, True),
     Case("N = 17, shorter than one Q block", 2, 1, 17, 16, False),
-    N_IS_ONE, LARGE_SCORES,
+    N_IS_ONE, LARGE_SCORES, NEGATIVE_ROWS,
     Case("float16", 1, 2, 100, 16, True, torch.float16),
 )
 
@@ -261,13 +333,14 @@ def _diagnose_v1(case: Case, got, qkv) -> None:
         return
     _name_the_mistake(case, got, ref, tol, qkv, v1_tile_model, V1_SWITCHES, V1_MESSAGES, V1_BLOCK_M, V1_BLOCK_N)
     err = ((got - ref).norm() / ref.norm()).item()
+    what = known(got, ref, tol)
     if not torch.isfinite(got).all():
         if case.q_scale > 1:
-            fail(case, "NaN or inf for large scores: exp overflows float32 above 88.7; exponentiate against a max.")
-        fail(case, "NaN or inf in O. The state starts at O = 0, l = 0, m = -inf: dividing by the old li (0 at "
-             "the first block) gives inf; divide by li_new. And exp(-inf - (-inf)) is NaN.")
-    b, h, row = first_bad_row(got, ref)
-    fail(case, f"O is wrong (relative error {err:.2g}; the first wrong row is {row} of head ({b}, {h})). The v1 "
+            fail(case, f"NaN or inf for large scores: exp overflows float32 above 88.7; exponentiate against a max "
+                 f"({what}).")
+        fail(case, f"NaN or inf in O ({what}). The state starts at O = 0, l = 0, m = -inf: dividing by the old li "
+             "(0 at the first block) gives inf; divide by li_new. And exp(-inf - (-inf)) is NaN.")
+    fail(case, f"O is wrong, and no single classic mistake of the v1 update reproduces it ({what}). The v1 "
          "update: sij masked with keep, mij = rowmax(sij), pij = exp(sij - mij), lij = rowsum(pij), mi_new = "
          "max(mi, mij), alpha = exp(mi - mi_new), beta = exp(mij - mi_new), li_new = alpha*li + beta*lij, "
          "oi_new = (alpha*li*oi + beta*pij@vj) / li_new." + near_miss_hint(err, case.dtype))
@@ -281,4 +354,4 @@ def check_v1_update(update) -> str:
         qkv = random_qkv(case, seed=300 + seed)
         _diagnose_v1(case, _run_v1(update, case, qkv), qkv)
     return (f"{len(V1_CASES)} cases in the v1 loop: ragged N, B and H > 1, causal with fully masked rows, N = 1, "
-            "large scores, float16")
+            "large scores, rows of large negative scores, float16")

@@ -26,6 +26,11 @@ def _causal_keep(rows, cols, start_m, causal_mask):
     return torch.ones(len(rows), len(cols), dtype=torch.bool)  # "none"
 
 
+def _half(x, where: str, rounded) -> torch.Tensor:
+    """x rounded to float16 (and back) when ``where`` is one of the places ``rounded`` names."""
+    return x.to(torch.float16).to(x.dtype) if where in rounded else x
+
+
 def _tile(x, cols, N):
     """Rows ``cols`` of x (BH, N, D), zero where cols >= N: what a load with other=0.0 gives."""
     out = torch.zeros(x.shape[0], len(cols), x.shape[2], dtype=x.dtype)
@@ -36,7 +41,8 @@ def _tile(x, cols, N):
 
 def v2_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: float, *, tail="mask",
                   causal_mask="right", hi="right", rescale_acc=True, rescale_l=True, exponent="new",
-                  update_max=True, normalize="end") -> torch.Tensor:
+                  update_max=True, normalize="end", init_max=NEG_INF, init_sum=0.0, init_acc=0.0,
+                  rounded=()) -> torch.Tensor:
     """The v2 kernel's loop in float64 over (BH, N, D) tensors, tile by tile, with one mistake switched on.
 
     tail: "mask" (scores past N are -inf), "zero" (left at the 0.0 the zero-filled keys give) or "drop"
@@ -45,18 +51,21 @@ def v2_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: floa
     "wrong_way" (j >= i), "none". hi: "right" (causal loop up to the end of the diagonal block) or
     "before_diagonal" (stops where the Q block starts). exponent: "new" (exp(s - mi_new)), "old"
     (exp(s - mi), the max before this block), "old_guarded" (the same with a -inf mi replaced by 0),
-    "block" (exp(s - rowmax of the block) with beta, unguarded).
+    "block" (exp(s - rowmax of the block) with beta, unguarded), "raw" (exp(s), no max at all).
     update_max=False: mi is never assigned. normalize: "end", "never", "every_step" (divide acc by li at
-    every step, and not at the end), "every_step_and_end" (both).
+    every step, and not at the end), "every_step_and_end" (both). init_max, init_sum, init_acc: the state
+    before the first block (-inf, 0, 0); a finite init_max only shows where float32 underflows, so run that
+    model on float32 inputs. rounded: the intermediates rounded to float16 ("qk": q and k before the product,
+    "p", "v", "out": the stored output).
     """
     BH, N, D = q.shape
     out = torch.empty_like(q)
     for start_m in range(0, N, block_m):
         rows = torch.arange(start_m, min(start_m + block_m, N))
         qi = q[:, rows]
-        mi = torch.full((BH, len(rows)), NEG_INF, dtype=q.dtype)
-        li = torch.zeros(BH, len(rows), dtype=q.dtype)
-        acc = torch.zeros(BH, len(rows), D, dtype=q.dtype)
+        mi = torch.full((BH, len(rows)), init_max, dtype=q.dtype)
+        li = torch.full((BH, len(rows)), init_sum, dtype=q.dtype)
+        acc = torch.full((BH, len(rows), D), init_acc, dtype=q.dtype)
         end = N
         if causal:
             end = min(N, start_m + block_m) if hi == "right" else start_m
@@ -64,22 +73,23 @@ def v2_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: floa
             end = min(end, N - N % block_n)
         for start_n in range(0, end, block_n):
             cols = torch.arange(start_n, start_n + block_n)
-            kj, vj = _tile(k, cols, N), _tile(v, cols, N)
-            sij = (qi @ kj.transpose(1, 2)) * scale
+            kj, vj = _half(_tile(k, cols, N), "qk", rounded), _half(_tile(v, cols, N), "v", rounded)
+            sij = (_half(qi, "qk", rounded) @ kj.transpose(1, 2)) * scale
             keep = (cols < N)[None, :] if tail != "zero" else torch.ones(1, block_n, dtype=torch.bool)
             if causal:
                 keep = keep & _causal_keep(rows, cols, start_m, causal_mask)
             sij = sij.masked_fill(~keep, NEG_INF)
             mij = sij.amax(-1)
             mi_new = torch.maximum(mi, mij)
-            alpha = torch.exp(mi - mi_new)
+            alpha = torch.exp(mi - mi_new) if exponent != "raw" else torch.ones_like(mi)  # raw: nothing to rescale
             if exponent == "block":
                 beta = torch.exp(mij - mi_new)
                 pij = torch.exp(sij - mij[..., None])
                 rowsum, pv = beta * pij.sum(-1), beta[..., None] * (pij @ vj)
             else:
-                against = {"new": mi_new, "old": mi, "old_guarded": torch.where(torch.isneginf(mi), 0.0, mi)}[exponent]
-                pij = torch.exp(sij - against[..., None])
+                against = {"new": mi_new, "old": mi, "old_guarded": torch.where(torch.isneginf(mi), 0.0, mi),
+                           "raw": torch.zeros_like(mi)}[exponent]
+                pij = _half(torch.exp(sij - against[..., None]), "p", rounded)
                 rowsum, pv = pij.sum(-1), pij @ vj
             li = (alpha * li if rescale_l else li) + rowsum
             acc = (alpha[..., None] * acc if rescale_acc else acc) + pv
@@ -88,7 +98,7 @@ def v2_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: floa
             if update_max:
                 mi = mi_new
         out[:, rows] = acc / li[..., None] if normalize in ("end", "every_step_and_end") else acc
-    return out
+    return _half(out, "out", rounded)
 
 
 V2_SWITCHES = {  # mistake -> the switches of v2_tile_model that put it in
@@ -109,18 +119,33 @@ V2_SWITCHES = {  # mistake -> the switches of v2_tile_model that put it in
     "causal_missing": dict(causal_mask="none"),
     "causal_stops_early": dict(hi="before_diagonal"),
     "fa1_exponent_unguarded": dict(exponent="block"),
+    "no_max": dict(exponent="raw", dtype=torch.float32),  # float32: where exp overflows
+    # the state before the first block: with mi = -inf, alpha = 0 wipes whatever li and acc start with, so a
+    # wrong start of li or acc only counts together with a finite start of mi (and that one only where float32
+    # underflows: these models run in float32)
+    "max_from_zero": dict(init_max=0.0, dtype=torch.float32),
+    "max_from_zero_sum_from_one": dict(init_max=0.0, init_sum=1.0, dtype=torch.float32),
+    "max_from_zero_acc_from_one": dict(init_max=0.0, init_acc=1.0, dtype=torch.float32),
+    # an intermediate rounded to float16 in a float32 problem
+    "rounded_out": dict(rounded=("out",)),
+    "rounded_p": dict(rounded=("p",)),
+    "rounded_pv": dict(rounded=("p", "v")),
+    "rounded_qk": dict(rounded=("qk",)),
 }
 
 
 def v1_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: float, *, keep="mask", guard=True,
-                  exponent="block", alpha=True, beta_o=True, beta_l=True, division="undo") -> torch.Tensor:
+                  exponent="block", alpha=True, beta_o=True, beta_l=True, division="undo", swapped=(),
+                  rounded=()) -> torch.Tensor:
     """The v1 loop (outer K/V blocks, inner Q blocks) in float64 over (BH, N, D), with one mistake.
 
     keep: "mask" (scores outside ``keep`` are -inf), "ignore" (no mask: the zero-filled keys past N score
     0, causal ignored), "zero" (masked scores set to 0). guard=False: a fully masked row exponentiates
     against its block max -inf (NaN). exponent: "block" (exp(s - mij)), "new" (exp(s - mi_new), beta
     still applied), "old" (exp(s - mi), the max before this block). division: "undo"
-    ((alpha·li·oi + beta·pv) / li_new), "none", "no_undo" ((alpha·oi + beta·pv) / li_new).
+    ((alpha·li·oi + beta·pv) / li_new), "none", "no_undo" ((alpha·oi + beta·pv) / li_new). swapped: where
+    alpha and beta trade places ("l": li_new = beta·li + alpha·lij, "o": the same in O). rounded: the
+    intermediates rounded to float16 ("p", "out": O after each step).
     """
     BH, N, D = q.shape
     o = torch.zeros_like(q)
@@ -143,13 +168,15 @@ def v1_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: floa
             mi_new = torch.maximum(mi, mij)
             offset = {"block": torch.where(torch.isneginf(mij), 0.0, mij) if guard else mij,
                       "new": mi_new, "old": mi}[exponent]
-            pij = torch.exp(sij - offset[..., None])
+            pij = _half(torch.exp(sij - offset[..., None]), "p", rounded)
             a = torch.exp(mi - mi_new) if alpha else torch.ones_like(mi)
             b = torch.exp(mij - mi_new)
-            li_new = a * li + (b if beta_l else 1.0) * pij.sum(-1)
-            pv = (b[..., None] if beta_o else 1.0) * (pij @ vj)
-            kept = a[..., None] * (li[..., None] * oi if division != "no_undo" else oi) + pv
-            o[:, rows] = kept if division == "none" else kept / li_new[..., None]
+            a_l, b_l = (b, a) if "l" in swapped else (a, b)
+            a_o, b_o = (b, a) if "o" in swapped else (a, b)
+            li_new = a_l * li + (b_l if beta_l else 1.0) * pij.sum(-1)
+            pv = (b_o[..., None] if beta_o else 1.0) * (pij @ vj)
+            kept = a_o[..., None] * (li[..., None] * oi if division != "no_undo" else oi) + pv
+            o[:, rows] = _half(kept if division == "none" else kept / li_new[..., None], "out", rounded)
             row_sum[:, rows], row_max[:, rows] = li_new, mi_new
     return o
 
@@ -166,4 +193,9 @@ V1_SWITCHES = {  # mistake -> the switches of v1_tile_model that put it in
     "missing_beta_both": dict(beta_o=False, beta_l=False),
     "no_division": dict(division="none"),
     "no_undo": dict(division="no_undo"),
+    "alpha_beta_swapped_l": dict(swapped=("l",)),
+    "alpha_beta_swapped_o": dict(swapped=("o",)),
+    "alpha_beta_swapped": dict(swapped=("l", "o")),
+    "rounded_out": dict(rounded=("out",)),
+    "rounded_p": dict(rounded=("p",)),
 }

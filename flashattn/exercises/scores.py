@@ -20,17 +20,18 @@ from ._check import ExerciseFailed, exercise
 from .attention_cases import (
     FIRST_CASES,
     N_IS_ONE,
-    OFFSETS_ADVICE,
     Case,
     fail,
     input_buffer,
     input_buffers,
+    output_buffer,
     per_head_hint,
     random_qkv,
 )
+from .evidence import Named, known
+from .layout_checks import name_read_mistake, name_store_mistake, store_models
 from .triton_check import (
     Buffer,
-    check_writes,
     close,
     launch,
     near_miss_hint,
@@ -81,14 +82,15 @@ def _score_models(case: Case, q, k):
 
 SCORE_CASES = (
     *FIRST_CASES,
-    Case("q and k non-contiguous, each with its own strides", 2, 2, 17, 16, True, layout="mixed"),
+    Case("q, k and S non-contiguous, each with its own strides (none of them 1)", 2, 2, 17, 16, True,
+         layout="mixed"),
     N_IS_ONE,
     Case("float16", 1, 2, 100, 16, True, torch.float16, "mixed"),
 )
 
 
 def _run_scores(kernel, case: Case, Q: Buffer, K: Buffer) -> Buffer:
-    S = Buffer((case.B, case.H, case.N, case.N), torch.float32, pad=(0, 0, S_BLOCK_M, S_BLOCK_N))
+    S = output_buffer(case, "s", (case.B, case.H, case.N, case.N), torch.float32, S_BLOCK_M, S_BLOCK_N)
     grid = (triton.cdiv(case.N, S_BLOCK_M), triton.cdiv(case.N, S_BLOCK_N), case.B * case.H)
     launch(kernel, grid, Q.view, K.view, S.view, *Q.view.stride(), *K.view.stride(), *S.view.stride(),
            case.H, case.N, case.scale, D=case.D, BLOCK_M=S_BLOCK_M, BLOCK_N=S_BLOCK_N, CAUSAL=case.causal,
@@ -96,18 +98,57 @@ def _run_scores(kernel, case: Case, Q: Buffer, K: Buffer) -> Buffer:
     return S
 
 
-def _diagnose_scores(kernel, case: Case, S: Buffer, qkv, passed) -> None:
-    check_writes(S, "S", case.text(), "Tiles at the bottom and right edges stick out of S: store with mask="
-                 "(offs_m[:, None] < N) & (offs_n[None, :] < N), at S + off_b*stride_sb + off_h*stride_sh + "
-                 "offs_m[:, None]*stride_sm + offs_n[None, :]*stride_sn.", far=OFFSETS_ADVICE)
-    missing = S.unwritten().cpu()
-    if missing.any():
-        b, h, i, j = (int(x) for x in torch.nonzero(missing)[0])
-        fail(case, f"S[{b}, {h}, {i}, {j}] was never written: every element of S is stored, -inf where it is "
-             "masked (program (pid_m, pid_n, pid_bh) writes the tile at rows pid_m*BLOCK_M.., columns "
-             "pid_n*BLOCK_N.. of head pid_bh).")
+def _tiles_index(case: Case, rows: int, cols: int) -> torch.Tensor:
+    return torch.cartesian_prod(torch.arange(case.B), torch.arange(case.H), torch.arange(rows), torch.arange(cols))
+
+
+def _grid_permuted(case: Case, S: Buffer, perm) -> set[int]:
+    """The positions a masked store changes when program (x, y, z) of the grid (cdiv(N, BLOCK_M), cdiv(N,
+    BLOCK_N), B·H) takes (pid_m, pid_n, pid_bh) = (x, y, z) permuted by ``perm``."""
+    sb, sh, sm, sn = S.view.stride()
+    grid = (triton.cdiv(case.N, S_BLOCK_M), triton.cdiv(case.N, S_BLOCK_N), case.B * case.H)
+    out = set()
+    for program in torch.cartesian_prod(*(torch.arange(g) for g in grid)).reshape(-1, 3).tolist():
+        pid_m, pid_n, pid_bh = (program[i] for i in perm)
+        base = S.offset + (pid_bh // case.H) * sb + (pid_bh % case.H) * sh
+        rows = range(pid_m * S_BLOCK_M, min(case.N, (pid_m + 1) * S_BLOCK_M))
+        cols = range(pid_n * S_BLOCK_N, min(case.N, (pid_n + 1) * S_BLOCK_N))
+        out.update(base + i * sm + j * sn for i in rows for j in cols)
+    return out
+
+
+def _check_scores_store(case: Case, named: dict) -> None:
+    S = named["S"]
+    padded_m, padded_n = (triton.cdiv(case.N, b) * b for b in (S_BLOCK_M, S_BLOCK_N))
+
+    def at(index):
+        return set((S.buffer.offset + index @ torch.tensor(S.strides)).tolist())
+
+    def models():
+        found = store_models(S, [named["Q"], named["K"]], _tiles_index(case, case.N, case.N))
+        names = ("pid_m", "pid_n", "pid_bh")
+        for perm in ((1, 0, 2), (2, 1, 0), (0, 2, 1), (1, 2, 0), (2, 0, 1)):
+            given = ", ".join(f"{names[j]} = tl.program_id({i})" for j, i in enumerate(perm))
+            found.append((f"the program ids are taken from the wrong axes ({given}): the check launches the grid "
+                          "(cdiv(N, BLOCK_M), cdiv(N, BLOCK_N), B·H), so pid_m = tl.program_id(0), pid_n = "
+                          "tl.program_id(1), pid_bh = tl.program_id(2)", _grid_permuted(case, S.buffer, perm)))
+        found.append(("the store is masked on the rows only: the tiles at the right edge stick out past column N - 1. "
+                      "Mask both, mask=(offs_m[:, None] < N) & (offs_n[None, :] < N)",
+                      at(_tiles_index(case, case.N, padded_n))))
+        found.append(("the store is masked on the columns only: the tiles at the bottom edge stick out past row "
+                      "N - 1. Mask both, mask=(offs_m[:, None] < N) & (offs_n[None, :] < N)",
+                      at(_tiles_index(case, padded_m, case.N))))
+        return found
+
+    name_store_mistake(case.text(), S, models, unmasked=lambda: at(_tiles_index(case, padded_m, padded_n)),
+                       mask_text="Tiles at the bottom and right edges stick out of S: store with mask="
+                       "(offs_m[:, None] < N) & (offs_n[None, :] < N).")
+
+
+def _diagnose_scores(kernel, case: Case, named: dict, qkv, passed) -> None:
+    _check_scores_store(case, named)
     q, k, _ = qkv
-    got, ref = S.view.double().cpu(), scores_model(q, k, case.scale, case.causal)
+    got, ref = named["S"].buffer.view.double().cpu(), scores_model(q, k, case.scale, case.causal)
     tol = tolerance(case.dtype)
     if close(got, ref, tol):
         return
@@ -115,6 +156,12 @@ def _diagnose_scores(kernel, case: Case, S: Buffer, qkv, passed) -> None:
         model = build()
         if not close(model, ref, tol) and close(got, model, tol):
             fail(case, message + ".")
+    model_tol = 1e-4 if case.dtype == torch.float32 else 10 * tol
+
+    def evaluate(Q=None, K=None):
+        return scores_model(q if Q is None else Q, k if K is None else K, case.scale, case.causal)
+
+    name_read_mistake(case.text(), got, model_tol, [named["Q"], named["K"]], [named["S"]], evaluate)
     if not torch.isfinite(got[torch.isfinite(ref)]).all():
         Q0, K0, _ = input_buffers(case, qkv, fill=0.0)
         if torch.isfinite(_run_scores(kernel, case, Q0, K0).view[torch.isfinite(ref)].cpu()).all():
@@ -124,11 +171,12 @@ def _diagnose_scores(kernel, case: Case, S: Buffer, qkv, passed) -> None:
     if hint:
         fail(case, hint)
     err = ((got - ref)[torch.isfinite(ref)].norm() / ref[torch.isfinite(ref)].norm()).item()
-    if case.layout == "mixed" and not any(c.layout == "mixed" for c in passed):
-        fail(case, f"the contiguous cases were right, this one is not (relative error {err:.2g}): here q and k "
-             "are non-contiguous views, each with its own strides. Use them for every step, never N*D or D.")
-    fail(case, f"S is wrong (relative error {err:.2g}): S[b, h, i, j] = scale · Σ_d q[b, h, i, d]·k[b, h, j, d]."
-         + near_miss_hint(err, case.dtype))
+    what = known(got, ref, tol, row="query row", col="key column")
+    if case.layout == "mixed" and passed and not any(c.layout == "mixed" for c in passed):
+        fail(case, f"the contiguous cases were right, this one is not ({what}). What differs here is the layout: "
+             "q, k and S each have their own strides, none of them 1. Use them for every step, never N*D, D or 1.")
+    fail(case, f"S is wrong, and no single classic mistake reproduces it ({what}): S[b, h, i, j] = scale · Σ_d "
+         "q[b, h, i, d]·k[b, h, j, d]." + near_miss_hint(err, case.dtype))
 
 
 @exercise("scores kernel")
@@ -140,10 +188,11 @@ def check_scores_kernel(kernel) -> str:
         qkv = random_qkv(case, seed=400 + seed)
         Q, K, _ = input_buffers(case, qkv)
         S = _run_scores(kernel, case, Q, K)
-        _diagnose_scores(kernel, case, S, qkv, passed)
+        named = {"Q": Named("Q", Q, "bhnd"), "K": Named("K", K, "bhnd"), "S": Named("S", S, "bhmn")}
+        _diagnose_scores(kernel, case, named, qkv, passed)
         passed.append(case)
     require_masks(kernel, "N is not a multiple of the blocks: edge tiles stick out of Q, K and S.")
-    return "ragged N, B and H > 1, causal, non-contiguous q and k, N = 1, float16"
+    return "ragged N, B and H > 1, causal, non-contiguous q, k and S, N = 1, float16"
 
 
 # ---------------------------------------------------------------------------------------------

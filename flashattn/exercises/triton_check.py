@@ -8,8 +8,8 @@
   never written (``unwritten``). An input buffer has NaN around it, so that a read past the end of a
   row brings NaN into the result instead of a neighbour's numbers; or, for stride exercises, a
   different integer in every element (``numbered``), so that each output value says where it was read.
-* ``launch``: runs the kernel; an exception becomes ``ExerciseFailed`` naming the case and, for the
-  usual Triton errors, what to change.
+* ``launch`` (from ``triton_launch``): runs the kernel as a GPU would; an exception becomes
+  ``ExerciseFailed`` naming the case, the learner's line and, for the usual Triton errors, what to change.
 * ``unmasked_memory_ops``: the ``tl.load``/``tl.store`` calls written without a mask (a read past the end
   leaves no trace in the output, so the checks also read the source).
 """
@@ -27,6 +27,7 @@ from triton.runtime.jit import KernelInterface
 from flashattn import runtime
 
 from ._check import ExerciseFailed, _NotAttempted
+from .triton_launch import SHAPE_ERRORS, describe_error, launch, loads_without_other  # noqa: F401  (re-exported)
 
 SENTINEL = -999.0  # what an output buffer holds before the kernel runs (exact in float16 and float32)
 
@@ -103,18 +104,25 @@ class Buffer:
 
     ``order`` lists the dimensions from outermost to innermost in memory (default: as given), e.g.
     ``(0, 2, 1, 3)`` stores a (B, H, N, D) tensor as (B, N, H, D), the layout of a projection output.
-    ``pad`` gives the extra elements after each dimension (in the order of ``shape``).
+    ``pad`` gives the extra elements after each dimension (in the order of ``shape``), ``step`` the memory
+    positions from one index of a dimension to the next (in units of that dimension's padded stride): with
+    ``step = (1, 1, 1, 2)`` the last dimension has stride 2, every other element of memory belonging to the
+    tensor (so that a kernel that assumes a unit stride reads the elements between).
     ``fill``: a number for every element outside the tensor (and inside it, for an output), or
     ``"numbered"``: element i of the whole buffer holds the value i + 1 (then ``view`` holds those too,
-    unless ``values`` are given).
+    unless ``values`` are given). ``gaps``: what the memory between the tensor's elements (its padding)
+    holds instead, a number or ``"noise"`` (random normal numbers, fixed by ``seed``), so that a read
+    through the wrong strides brings in numbers that say which strides they came from, not NaN everywhere.
     """
 
-    def __init__(self, shape, dtype, *, pad=None, order=None, fill=SENTINEL, values=None, device=None):
+    def __init__(self, shape, dtype, *, pad=None, order=None, step=None, fill=SENTINEL, values=None, device=None,
+                 gaps=None, seed=0):
         shape = tuple(int(s) for s in shape)
         pad = tuple(pad) if pad is not None else (0,) * len(shape)
         order = tuple(order) if order is not None else tuple(range(len(shape)))
+        step = tuple(step) if step is not None else (1,) * len(shape)
         device = runtime.DEVICE if device is None else device
-        padded = [shape[d] + pad[d] for d in order]
+        padded = [(shape[d] + pad[d]) * step[d] for d in order]
         span = math.prod(padded)
         # generous guards: a wrong stride can land far past the end, and the interpreter (like the GPU) would
         # then touch memory that is not the check's (or crash the process) instead of a guard element
@@ -126,15 +134,38 @@ class Buffer:
         else:
             self.flat = torch.full((total,), float(fill), dtype=dtype, device=device)
         inner = self.flat[self.guard:self.guard + span].view(padded)
-        view = inner[tuple(slice(0, shape[d]) for d in order)]
+        tensor = tuple(slice(0, shape[d] * step[d], step[d]) for d in order)
+        view = inner[tensor]
         inverse = [order.index(d) for d in range(len(shape))]
         self.view = view.permute(inverse)
         if values is not None:
             self.view.copy_(values.to(device=device, dtype=dtype))
-        self.shape, self.order, self.padded = shape, order, padded
-        self.initial = self.flat.clone()
+        self.shape, self.order, self.padded, self.step = shape, order, padded, step
         self.inside = torch.zeros(total, dtype=torch.bool, device=device)
-        self.inside[self.guard:self.guard + span].view(padded)[tuple(slice(0, shape[d]) for d in order)] = True
+        self.inside[self.guard:self.guard + span].view(padded)[tensor] = True
+        if gaps is not None:
+            gap = torch.zeros(total, dtype=torch.bool, device=device)
+            gap[self.guard:self.guard + span] = ~self.inside[self.guard:self.guard + span]
+            if gaps == "noise":
+                noise = torch.randn(int(gap.sum()), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+                self.flat[gap] = noise.to(device=device, dtype=dtype)
+            else:
+                self.flat[gap] = float(gaps)
+        self.initial = self.flat.clone()
+
+    @property
+    def offset(self) -> int:
+        """The flat position of the tensor's first element."""
+        return self.view.storage_offset()
+
+    def _memory_index(self, flat_index: int) -> list[int]:
+        """The index into the padded memory (in the tensor's dimension order) of a flat position inside it."""
+        inner = flat_index - self.guard
+        index = [0] * len(self.shape)
+        for size, d in zip(reversed(self.padded), reversed(self.order), strict=True):
+            index[d] = inner % size
+            inner //= size
+        return index
 
     def _changed(self) -> torch.Tensor:
         int_dtype = _INT_VIEW[self.flat.dtype]
@@ -147,13 +178,16 @@ class Buffer:
         inner = flat_index - self.guard
         if inner >= math.prod(self.padded):
             return f"{inner - math.prod(self.padded) + 1} element(s) past the end of the tensor's memory"
-        index = [0] * len(self.shape)
-        for size, d in zip(reversed(self.padded), reversed(self.order), strict=True):
-            index[d] = inner % size
-            inner //= size
-        past = [f"dimension {d} has size {self.shape[d]}" for d in range(len(self.shape))
-                if index[d] >= self.shape[d]]
-        return f"element {list(index)} (outside the tensor: {', '.join(past)})"
+        memory = self._memory_index(flat_index)
+        index = [m // s for m, s in zip(memory, self.step, strict=True)]
+        past = [f"dimension {d} has size {self.shape[d]}" for d in range(len(self.shape)) if index[d] >= self.shape[d]]
+        between = [f"between two elements of dimension {d} (stride {self.view.stride(d)})"
+                   for d in range(len(self.shape)) if memory[d] % self.step[d]]
+        if between and not past:
+            return f"a position inside the tensor's memory that holds no element of it, {', '.join(between)}"
+        if not past:
+            return f"element {list(index)}"
+        return f"element {list(index)} (outside the tensor: {', '.join(past + between)})"
 
     def written(self) -> tuple[list[int], list[float]]:
         """Flat positions (relative to the tensor's first element) the kernel changed, and their values."""
@@ -187,12 +221,7 @@ class Buffer:
         flat = int(value) - 1
         if not (0 <= flat < self.flat.numel()) or not bool(self.inside[flat]):
             return None
-        inner = flat - self.guard
-        index = [0] * len(self.shape)
-        for size, d in zip(reversed(self.padded), reversed(self.order), strict=True):
-            index[d] = inner % size
-            inner //= size
-        return tuple(index)
+        return tuple(m // s for m, s in zip(self._memory_index(flat), self.step, strict=True))
 
 
 def check_writes(out: Buffer, name: str, where: str, how: str, far: str | None = None) -> None:
@@ -205,48 +234,6 @@ def check_writes(out: Buffer, name: str, where: str, how: str, far: str | None =
         raise ExerciseFailed(
             f"{where}: your kernel wrote {len(outside)} element(s) outside {name}, e.g. at "
             f"{out.where(first)}. {advice}")
-
-
-SHAPE_ERRORS = ("incompatible dimensions", "not compatible for matmul", "reduction dimensions")
-_HINTS = (  # (what the error says, any of them; the hint)
-    (("arange's range must be a power of 2",), "tl.arange(0, n) needs n to be a power of two and a constexpr: "
-     "use the BLOCK size and a mask for the ragged end."),
-    (("arange's arguments must be of type tl.constexpr",), "tl.arange needs constexpr bounds: use the BLOCK "
-     "parameters (declared `: tl.constexpr`), not N."),
-    (("must be >= 16",), "tl.dot needs at least 16 along every dimension."),
-    (("Both operands must be same dtype",), "tl.dot multiplies two tiles of the same dtype: convert the "
-     "float32 one, e.g. p.to(v.dtype), before the product."),
-    (SHAPE_ERRORS, "the shapes of the two tl.dot operands do not fit: (M, K) times (K, N)."),
-    (("Cannot make_shape_compatible",), "two tiles of different shapes were combined: check which offsets "
-     "get [:, None] and which get [None, :]."),
-)
-
-
-def launch(kernel, grid, *args, where: str, **kwargs) -> None:
-    """``kernel[grid](*args, **kwargs)``; an error becomes ExerciseFailed that names the case."""
-    try:
-        kernel[grid](*args, **kwargs)
-        if runtime.DEVICE.type == "cuda":
-            torch.cuda.synchronize()
-    except Exception as err:  # the learner's kernel may fail in any way: report it with the case
-        raise ExerciseFailed(f"{where}: {describe_error(err)}") from err
-
-
-def describe_error(err: BaseException) -> str:
-    """What went wrong, for the learner. Compiled for a GPU, an error inside a ``@triton.jit`` function that
-    another one calls (the learner's step inside the course's kernel) is reported at every call site, each
-    raised from the one below: the innermost error names the learner's own line and the reason."""
-    chain = [err]
-    while chain[-1].__cause__ is not None and chain[-1].__cause__ not in chain and len(chain) < 10:
-        chain.append(chain[-1].__cause__)
-    texts = [str(e).strip() or type(e).__name__ for e in chain]
-    hint = next((h for keys, h in _HINTS if any(key in t for key in keys for t in texts)), "")
-    shown = texts[-2:]  # the learner's line, then the reason (the innermost error alone where there is one)
-    if len(shown) == 2 and shown[1] in shown[0]:  # Triton's message already quotes the reason
-        shown = shown[:1]
-    lines = "\n".join(shown).splitlines()
-    short = "\n".join(lines[-12:])
-    return f"your kernel raised {type(chain[-1]).__name__}:\n{short}" + (f"\nHint: {hint}" if hint else "")
 
 
 def close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> bool:
