@@ -72,13 +72,13 @@ MUTANTS = [
     ("row_softmax", "no_division", "e / tl.sum(e, axis=0), mask", "e, mask", "not 1: divide by the sum"),
     # --- 01b: C = A·B
     ("matmul", "k_unmasked", "mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0",
-     "mask=rows[:, None] < M, other=0.0", "read past K"),
+     "mask=rows[:, None] < M, other=0.0", "reads past K"),
     ("matmul", "k_not_advanced", "ks = start_k + tl.arange(0, BLOCK_K)", "ks = tl.arange(0, BLOCK_K)",
      "multiplies the same first blocks"),
     ("matmul", "acc_replaced", "acc = tl.dot(a, b, acc, input_precision=PRECISION)",
      "acc = tl.dot(a, b, input_precision=PRECISION)", "replaces the accumulator"),
     ("matmul", "b_strides_swapped", "ks[:, None] * stride_bk + cols[None, :] * stride_bn",
-     "ks[:, None] * stride_bn + cols[None, :] * stride_bk", "B's strides are swapped"),
+     "ks[:, None] * stride_bn + cols[None, :] * stride_bk", "B.s stride_bk and stride_bn are swapped"),
     ("matmul", "store_unmasked", "acc,\n             mask=(rows[:, None] < M) & (cols[None, :] < N))", "acc)",
      "stick out of C"),
     # --- 02: the scores kernel

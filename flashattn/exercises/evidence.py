@@ -171,9 +171,9 @@ def contiguous_strides(shape) -> tuple[int, ...]:
 
 
 def stride_suspects(x: Named, others: list[Named]) -> list[tuple[str, tuple[int, ...]]]:
-    """(the mistake in words, the strides a kernel with it uses for x), most common first: all of another
-    tensor's strides, the contiguous ones, one stride replaced (by another tensor's, the contiguous one, or one
-    of x's other strides), two of x's strides swapped. Each set of strides appears once."""
+    """(the mistake in words, the strides a kernel with it uses for x), most common first: the contiguous
+    strides, all of another tensor's, some dimensions as if contiguous, one stride replaced (by another
+    tensor's, or one of x's other strides), two of x's strides swapped. Each set of strides appears once."""
     own, shape = x.strides, x.buffer.shape
     contiguous = contiguous_strides(shape)
     found: dict[tuple[int, ...], str] = {own: ""}
@@ -184,10 +184,10 @@ def stride_suspects(x: Named, others: list[Named]) -> list[tuple[str, tuple[int,
             found[strides] = text
 
     same_rank = [y for y in others if len(y.strides) == len(own)]
+    add(contiguous, f"{x.name} is addressed as if it were contiguous, strides {contiguous}; its own are {x.names()}")
     for y in same_rank:
         theirs = ", ".join(y.stride_name(d) for d in range(len(own)))
         add(y.strides, f"{x.name} is addressed with {y.name}'s strides ({theirs}) instead of its own ({x.names()})")
-    add(contiguous, f"{x.name} is addressed as if it were contiguous, strides {contiguous}; its own are {x.names()}")
     for size in range(len(own) - 1, 0, -1):  # some of the dimensions as if contiguous (e.g. pid_bh * N * D, D, 1)
         for dims in itertools.combinations(range(len(own)), size):
             strides = tuple(contiguous[d] if d in dims else own[d] for d in range(len(own)))

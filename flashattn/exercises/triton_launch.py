@@ -189,12 +189,12 @@ def loads_without_other(fn) -> list[str]:
     return found
 
 
-def undefined_lanes_message(fn, loads: list[str], what: str) -> str:
-    return (f"{what} changes when the masked-off lanes of these loads read 0 instead of NaN: "
-            + "; ".join(loads) + ". A masked tl.load without other= leaves those lanes undefined (on a GPU they "
-            "hold whatever the registers held; the check fills them with NaN to show it), and your kernel uses "
-            "them. Give each load the value its masked lanes must have: other=0.0 before a sum or a tl.dot, "
-            "other=float('-inf') before a max or a softmax.")
+def undefined_lanes_message(where: str, loads: list[str]) -> str:
+    return (f"{where}: the result has NaN, and it goes away when the masked-off lanes of these loads read 0 "
+            "instead of NaN: " + "; ".join(loads) + ". A masked tl.load without other= leaves those lanes "
+            "undefined (on a GPU they hold whatever the registers held; the check fills them with NaN to show it), "
+            "and your kernel uses them. Give each load the value its masked lanes must have: other=0.0 before a "
+            "sum or a tl.dot, other=float('-inf') before a max or a softmax.")
 
 
 def launch(kernel, grid, *args, where: str, source=None, undefined_lanes: bool = True, **kwargs) -> None:
