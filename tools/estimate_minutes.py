@@ -9,13 +9,18 @@ here (in the mode this machine is in) and measured:
 * prose: the words of its Markdown cells, read at WORDS_PER_MIN;
 * code: the non-comment lines of its code cells (collapsed worked solutions excluded), read at CODE_LINES_PER_MIN;
 * output: the lines its cells print, read at OUTPUT_LINES_PER_MIN, and MIN_PER_FIGURE per figure;
-* exercises: EXERCISE_MIN[kind] per exercise, a Triton kernel exercise (a stub ``@triton.jit`` function the
-  learner completes: TRITON_EXERCISES) or another one (a Python function or a prediction);
+* exercises: a Triton exercise (its worked solution is a ``@triton.jit`` function) takes TRITON_READ_MIN to
+  read the prompt and the stub, plus TRITON_MIN_PER_LINE for each line of the solution's bodies (the lines the
+  learner writes, comments and blank lines left out): writing a line of Triton, running the check and mending
+  what it names. The rate comes from the one observation there is (issue 29): a learner new to Triton needs
+  30 to 60 minutes for notebook 05's whole v2 kernel, 31 such lines, which 5 + 1.5 per line puts at 51. Every
+  other exercise (a Python function or a prediction) takes EXERCISE_MIN;
 * execution: the wall-clock seconds the notebook took to execute here.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -29,10 +34,26 @@ WORDS_PER_MIN = 150  # careful reading of technical prose with formulas and tabl
 CODE_LINES_PER_MIN = 20
 OUTPUT_LINES_PER_MIN = 30
 MIN_PER_FIGURE = 1.0
-EXERCISE_MIN = {"triton": 15, "other": 8}
-# Triton kernel exercises per notebook (the others are Python functions or predictions): the exercises of
-# tests/test_exercise_mutants.py, and notebook 12's dS step
-TRITON_EXERCISES = {"01": 2, "01b": 2, "02": 1, "04": 1, "05": 1, "06": 1, "12": 1}
+EXERCISE_MIN = 8
+TRITON_READ_MIN = 5
+TRITON_MIN_PER_LINE = 1.5
+
+
+def written_lines(source: str) -> int:
+    """The lines of the function bodies in a worked solution's cell: what the learner writes (docstrings,
+    comments and blank lines left out; the signatures are the stub's)."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    count = 0
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        body = node.body[1:] if isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
+            else node.body
+        for line in lines[body[0].lineno - 1:node.end_lineno]:
+            if line.strip() and not line.strip().startswith("#"):
+                count += 1
+    return count
 
 
 def measure(path: Path) -> dict:
@@ -47,13 +68,17 @@ def measure(path: Path) -> dict:
         if proc.returncode != 0:
             raise RuntimeError(f"{path.name} failed to execute:\n{proc.stderr[-2000:]}")
         cells = json.loads(out.read_text())["cells"]
-    counts = {"words": 0, "code_lines": 0, "output_lines": 0, "figures": 0, "exercises": 0, "exec_s": seconds}
+    counts = {"words": 0, "code_lines": 0, "output_lines": 0, "figures": 0, "exercises": 0, "exec_s": seconds,
+              "triton_lines": []}
     for cell in cells:
         text = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
             counts["words"] += len(text.split())
             counts["exercises"] += len(re.findall(r"^#+ .*\bExercise\b", text, flags=re.MULTILINE))
-        elif cell["cell_type"] == "code" and "solution" not in cell.get("metadata", {}).get("tags", []):
+        elif cell["cell_type"] == "code" and "solution" in cell.get("metadata", {}).get("tags", []):
+            if "@triton.jit" in text:
+                counts["triton_lines"].append(written_lines(text))
+        elif cell["cell_type"] == "code":
             counts["code_lines"] += sum(1 for line in text.splitlines()
                                         if line.strip() and not line.strip().startswith("#"))
             for output in cell.get("outputs", []):
@@ -72,11 +97,16 @@ def notebook_number(path: Path) -> str:
     return path.name.split("_", 1)[0]
 
 
-def minutes(number: str, c: dict) -> dict:
-    triton = min(TRITON_EXERCISES.get(number, 0), c["exercises"])
+def triton_minutes(lines: int) -> float:
+    """The minutes a Triton exercise whose solution has ``lines`` written lines takes."""
+    return TRITON_READ_MIN + TRITON_MIN_PER_LINE * lines
+
+
+def minutes(c: dict) -> dict:
+    triton = c["triton_lines"][:c["exercises"]]
     parts = {"reading": c["words"] / WORDS_PER_MIN + c["code_lines"] / CODE_LINES_PER_MIN
              + c["output_lines"] / OUTPUT_LINES_PER_MIN + c["figures"] * MIN_PER_FIGURE,
-             "exercises": triton * EXERCISE_MIN["triton"] + (c["exercises"] - triton) * EXERCISE_MIN["other"],
+             "exercises": sum(triton_minutes(n) for n in triton) + (c["exercises"] - len(triton)) * EXERCISE_MIN,
              "execution": c["exec_s"] / 60}
     parts["total"] = sum(parts.values())
     return parts
@@ -94,7 +124,7 @@ def table(paths: list[Path]) -> list[str]:
     total = 0.0
     for path in paths:
         c = measure(path)
-        m = minutes(notebook_number(path), c)
+        m = minutes(c)
         total += m["total"]
         lines.append(f"| {path.stem} | {c['words']} | {c['code_lines']} | {c['output_lines']} | {c['figures']} | "
                      f"{c['exercises']} | {c['exec_s']:.0f} s | {m['reading']:.0f} | {m['exercises']:.0f} | "

@@ -134,14 +134,20 @@ def per_head_hint(got: torch.Tensor, ref: torch.Tensor, tol: float) -> str | Non
 
 
 def match_models(got: torch.Tensor, ref: torch.Tensor, models, tol: float) -> str | None:
-    """The message of the first model that differs from ref and that got reproduces (NaN where it has NaN)."""
+    """The message of the first model that differs from ref and that got reproduces (NaN where it has NaN). A
+    result that is NaN everywhere is weak evidence: then every model that gives it is named, as alternatives."""
+    matches = []
     for build, message in models:
         model = build()
-        if model is None or close(model, ref, tol):
+        if model is None or close(model, ref, tol) or not close(got, model, tol):
             continue
-        if close(got, model, tol):
-            return message
-    return None
+        matches.append(message)
+        if torch.isfinite(got).any():
+            break
+    if len(matches) > 1:
+        return ("NaN everywhere, which more than one classic mistake gives here (this case cannot tell them apart): "
+                + " Or: ".join(matches))
+    return matches[0] if matches else None
 
 
 def first_bad_row(got: torch.Tensor, ref: torch.Tensor, tol: float = 1e-4) -> tuple[int, int, int] | None:

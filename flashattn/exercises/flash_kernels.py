@@ -45,6 +45,7 @@ from .evidence import Named, known
 from .flash_models import NEG_INF, V1_SWITCHES, V2_SWITCHES, v1_tile_model, v2_tile_model
 from .layout_checks import name_read_mistake, name_store_mistake, store_models
 from .triton_check import close, launch, near_miss_hint, require_jit, require_masks, tolerance
+from .triton_launch import check_undefined_lanes
 
 MODEL_TOL = 1e-4  # a float32 kernel and its float64 model agree to ~1e-6; mistakes differ by far more
 ROUNDED = ("the output is close but not exact, as if {what} were rounded to float16 (the model of that gives this "
@@ -146,11 +147,11 @@ V2_CASES = (
 )
 
 
-def _launch_v2(kernel, case: Case, Q, K, V, O) -> None:
+def _launch_v2(kernel, case: Case, Q, K, V, O, undefined_lanes: bool = True) -> None:
     grid = (triton.cdiv(case.N, V2_BLOCK_M), case.B * case.H)
     launch(kernel, grid, Q.view, K.view, V.view, O.view, *Q.view.stride(), *K.view.stride(), *V.view.stride(),
            *O.view.stride(), case.H, case.N, case.scale, D=case.D, BLOCK_M=V2_BLOCK_M, BLOCK_N=V2_BLOCK_N,
-           CAUSAL=case.causal, PRECISION="ieee", where=case.text())
+           CAUSAL=case.causal, PRECISION="ieee", where=case.text(), undefined_lanes=undefined_lanes)
 
 
 def _output(case: Case):
@@ -207,6 +208,14 @@ def _diagnose_v2(kernel_run, case: Case, named: dict, qkv, passed: list[Case]) -
     tol = tolerance(case.dtype)
     if close(got, ref, tol):
         return
+    if not torch.isfinite(got).all():  # first: a result that is NaN everywhere fits several models
+        def rerun():
+            Q, K, V = input_buffers(case, qkv)
+            O = _output(case)
+            kernel_run(Q, K, V, O, undefined_lanes=False)
+            return O.view
+
+        check_undefined_lanes(kernel_run.kernel, rerun, case.text())
     _name_the_mistake(case, got, ref, tol, qkv, v2_tile_model, V2_SWITCHES, V2_MESSAGES, V2_BLOCK_M, V2_BLOCK_N)
     model_tol = MODEL_TOL if case.dtype == torch.float32 else 10 * tol
 
@@ -242,8 +251,10 @@ def check_v2_kernel(kernel) -> str:
         Q, K, V = input_buffers(case, qkv)
         O = _output(case)
 
-        def run(Q, K, V, O, case=case):
-            _launch_v2(kernel, case, Q, K, V, O)
+        def run(Q, K, V, O, case=case, undefined_lanes=True):
+            _launch_v2(kernel, case, Q, K, V, O, undefined_lanes)
+
+        run.kernel = kernel
 
         run(Q, K, V, O)
         named = {n: Named(n, b, "bhnd") for n, b in zip("QKVO", (Q, K, V, O), strict=True)}
@@ -289,12 +300,13 @@ V1_MESSAGES = {  # mistake (flash_models.V1_SWITCHES) -> what the learner should
     "no_undo":
         "the old O is already divided by li: multiply it back by li before adding the new block, "
         "oi_new = (alpha * li * oi + beta * pij @ vj) / li_new.",
+    "alpha_beta_swapped_l":
+        "alpha and beta are swapped in the update of li: li_new = alpha * li + beta * lij (alpha rescales the old "
+        "sum, beta the block's own lij). Check oi_new as well: with li_new = 0 after the first block, O is NaN "
+        "whichever way round it uses them.",
     "alpha_beta_swapped":
         "alpha and beta are swapped in both li_new and oi_new: alpha = exp(mi - mi_new) rescales the old state "
         "(li, oi), beta = exp(mij - mi_new) the block's new terms (lij, pij @ vj).",
-    "alpha_beta_swapped_l":
-        "alpha and beta are swapped in the update of li: li_new = alpha * li + beta * lij (alpha rescales the old "
-        "sum, beta the block's own lij).",
     "alpha_beta_swapped_o":
         "alpha and beta are swapped in the update of O: oi_new = (alpha * li * oi + beta * pij @ vj) / li_new "
         "(alpha rescales the old state, beta the block's new term).",
@@ -314,7 +326,7 @@ V1_CASES = (
 )
 
 
-def _run_v1(update, case: Case, qkv) -> torch.Tensor:
+def _run_v1(update, case: Case, qkv) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = (t.to(runtime.DEVICE, case.dtype) for t in qkv)
     B, H, N, D = q.shape
     o = torch.zeros_like(q)
@@ -322,16 +334,21 @@ def _run_v1(update, case: Case, qkv) -> torch.Tensor:
     m = torch.full((B * H, N), NEG_INF, dtype=torch.float32, device=q.device)
     launch(attn_kernel_v1, (B * H,), q, k, v, o, l, m, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
            H, N, case.scale, D=D, BLOCK_M=V1_BLOCK_M, BLOCK_N=V1_BLOCK_N, CAUSAL=case.causal,
-           PRECISION="ieee", UPDATE=update, where=case.text())
-    return o.double().cpu()
+           PRECISION="ieee", UPDATE=update, where=case.text(), source=update)
+    return o.double().cpu(), l.double().cpu().reshape(B, H, N)
 
 
-def _diagnose_v1(case: Case, got, qkv) -> None:
+def _diagnose_v1(case: Case, got, qkv, row_sum) -> None:
     ref = reference_of(case, *qkv)
     tol = tolerance(case.dtype)
     if close(got, ref, tol):
         return
-    _name_the_mistake(case, got, ref, tol, qkv, v1_tile_model, V1_SWITCHES, V1_MESSAGES, V1_BLOCK_M, V1_BLOCK_N)
+    # the models give O and the final l side by side: mistakes with the same O (NaN everywhere, say) differ in l
+    both = torch.cat([got, row_sum[..., None]], dim=-1)
+    right = v1_tile_model(*(t.reshape(case.B * case.H, case.N, case.D) for t in qkv), case.causal, V1_BLOCK_M,
+                          V1_BLOCK_N, case.scale, with_sum=True).reshape(both.shape)
+    switches = {name: dict(V1_SWITCHES[name], with_sum=True) for name in V1_MESSAGES}
+    _name_the_mistake(case, both, right, tol, qkv, v1_tile_model, switches, V1_MESSAGES, V1_BLOCK_M, V1_BLOCK_N)
     err = ((got - ref).norm() / ref.norm()).item()
     what = known(got, ref, tol)
     if not torch.isfinite(got).all():
@@ -352,6 +369,7 @@ def check_v1_update(update) -> str:
     require_jit(update, "the update function")
     for seed, case in enumerate(V1_CASES):
         qkv = random_qkv(case, seed=300 + seed)
-        _diagnose_v1(case, _run_v1(update, case, qkv), qkv)
+        o, row_sum = _run_v1(update, case, qkv)
+        _diagnose_v1(case, o, qkv, row_sum)
     return (f"{len(V1_CASES)} cases in the v1 loop: ragged N, B and H > 1, causal with fully masked rows, N = 1, "
             "large scores, rows of large negative scores, float16")

@@ -136,7 +136,7 @@ V2_SWITCHES = {  # mistake -> the switches of v2_tile_model that put it in
 
 def v1_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: float, *, keep="mask", guard=True,
                   exponent="block", alpha=True, beta_o=True, beta_l=True, division="undo", swapped=(),
-                  rounded=()) -> torch.Tensor:
+                  rounded=(), with_sum=False) -> torch.Tensor:
     """The v1 loop (outer K/V blocks, inner Q blocks) in float64 over (BH, N, D), with one mistake.
 
     keep: "mask" (scores outside ``keep`` are -inf), "ignore" (no mask: the zero-filled keys past N score
@@ -145,7 +145,8 @@ def v1_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: floa
     still applied), "old" (exp(s - mi), the max before this block). division: "undo"
     ((alpha·li·oi + beta·pv) / li_new), "none", "no_undo" ((alpha·oi + beta·pv) / li_new). swapped: where
     alpha and beta trade places ("l": li_new = beta·li + alpha·lij, "o": the same in O). rounded: the
-    intermediates rounded to float16 ("p", "out": O after each step).
+    intermediates rounded to float16 ("p", "out": O after each step). with_sum: return O and the final l side by
+    side, (BH, N, D + 1), so that two mistakes with the same O can be told apart by their running sum.
     """
     BH, N, D = q.shape
     o = torch.zeros_like(q)
@@ -178,7 +179,7 @@ def v1_tile_model(q, k, v, causal: bool, block_m: int, block_n: int, scale: floa
             kept = a_o[..., None] * (li[..., None] * oi if division != "no_undo" else oi) + pv
             o[:, rows] = _half(kept if division == "none" else kept / li_new[..., None], "out", rounded)
             row_sum[:, rows], row_max[:, rows] = li_new, mi_new
-    return o
+    return torch.cat([o, row_sum[..., None]], dim=-1) if with_sum else o
 
 
 V1_SWITCHES = {  # mistake -> the switches of v1_tile_model that put it in

@@ -5,9 +5,9 @@
   sum and accumulator after it. ``v2_loop_kernel`` (below) is the rest of the kernel (loads, masks, the loop,
   the state's start and the final division) and calls it once per K/V block.
 * ``check_v2_keep(keep)``: ``keep(offs_m, offs_n, N, CAUSAL)``, the boolean mask of one (BLOCK_M, BLOCK_N)
-  tile (or of a shape that broadcasts to it, e.g. (1, BLOCK_N)): keys past N hidden and, when causal, the keys after each query. ``keep_probe_kernel`` stores every
-  tile it returns, so the check compares it element by element with the right mask and with the classic
-  wrong ones.
+  tile (or of a shape that broadcasts to it, e.g. (1, BLOCK_N)): keys past N hidden and, when causal, the keys
+  after each query. ``keep_probe_kernel`` stores every tile it returns, so the check compares it element by
+  element with the right mask and with the classic wrong ones.
 
 The third part is ``flash_kernels.check_v2_kernel``: the whole kernel, strides and all.
 """

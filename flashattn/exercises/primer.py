@@ -22,7 +22,7 @@ from ._check import ExerciseFailed, call, exercise
 from .evidence import Named, known
 from .layout_checks import name_read_mistake, name_store_mistake, store_models
 from .triton_check import Buffer, check_writes, close, launch, near_miss_hint, require_jit, require_masks, tolerance
-from .triton_launch import loads_without_other, undefined_lanes_message
+from .triton_launch import check_undefined_lanes
 
 NAN = float("nan")
 
@@ -275,14 +275,6 @@ def _softmax_zero_other(x: torch.Tensor, block: int) -> torch.Tensor:
     return e / (e.sum(-1, keepdim=True) + (block - x.shape[-1]) * torch.exp(-m))
 
 
-def _undefined_lanes(kernel, rerun, where: str) -> None:
-    """ExerciseFailed when the kernel has masked loads without other= and the NaN in its result goes away when
-    their masked-off lanes read 0 (``rerun()`` runs the case so and returns the result)."""
-    loads = loads_without_other(kernel)
-    if loads and bool(torch.isfinite(rerun()).all()):
-        raise ExerciseFailed(undefined_lanes_message(where, loads))
-
-
 def _diagnose_softmax(kernel, X: Buffer, Y: Buffer, x: torch.Tensor, block: int, where: str, large: bool,
                       rerun) -> None:
     check_writes(Y, "Y", where, "Store with mask=cols < n_cols, at Y + row * stride_ym + cols (Y's row stride "
@@ -296,7 +288,7 @@ def _diagnose_softmax(kernel, X: Buffer, Y: Buffer, x: torch.Tensor, block: int,
     bad_rows = ~torch.isclose(got, ref, rtol=1e-3, atol=1e-4).all(-1)
     nan_rows = ~torch.isfinite(got).all(-1)
     if nan_rows.any():
-        _undefined_lanes(kernel, rerun, where)
+        check_undefined_lanes(kernel, rerun, where)
         if large:
             raise ExerciseFailed(f"{where}: NaN or inf in the rows: exp of about 100 overflows float32 (above 88.7). "
                                  "Subtract the row max before exp: exp(x - max(x)) is at most 1.")
@@ -439,7 +431,7 @@ def _diagnose_matmul(kernel, named, where: str, passed: int, rerun) -> None:
     if close(got, ref, tolerance(Cb.view.dtype)):
         return
     if not torch.isfinite(got).all():
-        _undefined_lanes(kernel, lambda: rerun(undefined_lanes=False), where)
+        check_undefined_lanes(kernel, lambda: rerun(undefined_lanes=False), where)
         if torch.isfinite(rerun(fill=0.0)).all():
             raise ExerciseFailed(
                 f"{where}: C has NaN, which goes away when the memory around A and B holds zeros: the last step of "

@@ -40,6 +40,7 @@ from .triton_check import (
     tolerance,
     uses_call,
 )
+from .triton_launch import check_undefined_lanes
 
 NEG_INF = float("-inf")
 S_BLOCK_M, S_BLOCK_N = 32, 16
@@ -89,12 +90,12 @@ SCORE_CASES = (
 )
 
 
-def _run_scores(kernel, case: Case, Q: Buffer, K: Buffer) -> Buffer:
+def _run_scores(kernel, case: Case, Q: Buffer, K: Buffer, undefined_lanes: bool = True) -> Buffer:
     S = output_buffer(case, "s", (case.B, case.H, case.N, case.N), torch.float32, S_BLOCK_M, S_BLOCK_N)
     grid = (triton.cdiv(case.N, S_BLOCK_M), triton.cdiv(case.N, S_BLOCK_N), case.B * case.H)
     launch(kernel, grid, Q.view, K.view, S.view, *Q.view.stride(), *K.view.stride(), *S.view.stride(),
            case.H, case.N, case.scale, D=case.D, BLOCK_M=S_BLOCK_M, BLOCK_N=S_BLOCK_N, CAUSAL=case.causal,
-           PRECISION="ieee", where=case.text())
+           PRECISION="ieee", where=case.text(), undefined_lanes=undefined_lanes)
     return S
 
 
@@ -163,6 +164,9 @@ def _diagnose_scores(kernel, case: Case, named: dict, qkv, passed) -> None:
 
     name_read_mistake(case.text(), got, model_tol, [named["Q"], named["K"]], [named["S"]], evaluate)
     if not torch.isfinite(got[torch.isfinite(ref)]).all():
+        check_undefined_lanes(kernel, lambda: _run_scores(kernel, case, *input_buffers(case, qkv)[:2],
+                                                          undefined_lanes=False).view[torch.isfinite(ref)],
+                              case.text())
         Q0, K0, _ = input_buffers(case, qkv, fill=0.0)
         if torch.isfinite(_run_scores(kernel, case, Q0, K0).view[torch.isfinite(ref)].cpu()).all():
             fail(case, "NaN in S, which goes away when the memory around q and k holds zeros: your kernel reads "

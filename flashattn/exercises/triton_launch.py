@@ -197,6 +197,14 @@ def undefined_lanes_message(where: str, loads: list[str]) -> str:
             "sum or a tl.dot, other=float('-inf') before a max or a softmax.")
 
 
+def check_undefined_lanes(fn, rerun, where: str) -> None:
+    """ExerciseFailed when ``fn`` has masked loads without other= and the NaN in its result goes away when their
+    masked-off lanes read 0 (``rerun()`` runs the case so and returns the result)."""
+    loads = loads_without_other(fn)
+    if loads and bool(torch.isfinite(rerun()).all()):
+        raise ExerciseFailed(undefined_lanes_message(where, loads))
+
+
 def launch(kernel, grid, *args, where: str, source=None, undefined_lanes: bool = True, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``; an error becomes ExerciseFailed that names the case and the learner's
     line (``source``: the learner's function(s), the kernel itself by default). In interpreter mode, masked-off
