@@ -40,16 +40,17 @@ from __future__ import annotations
 import functools
 
 import torch
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .constants import LN_2
+from . import triton_compat
+
+if not triton_compat.HAS_GLUON:  # fast then runs its Triton kernel (fast_options.gluon_available)
+    raise ImportError(f"Triton's Gluon is incomplete here: {triton_compat.MISSING}")
+
+from .constants import LN_2  # noqa: E402
+from .triton_compat import GluonTensorDescriptor as TensorDescriptor  # noqa: E402
+from .triton_compat import gl, gluon, mbarrier, tma_load, warpgroup_mma, warpgroup_mma_wait  # noqa: E402
 
 DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
-# the TMA load's name: async_copy_global_to_shared up to Triton 3.6, async_load after
-tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
 
 @gluon.constexpr_function
