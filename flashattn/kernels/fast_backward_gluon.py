@@ -47,9 +47,9 @@ from . import launch_cache, triton_compat
 if not triton_compat.HAS_GLUON_BACKWARD:  # the fast backward then runs its Triton kernels
     raise ImportError(f"Triton's Gluon lacks what this kernel needs: {triton_compat.MISSING}")
 
+from . import descriptors  # noqa: E402
 from .constants import LOG2_E  # noqa: E402
-from .fast_gluon import DTYPES, _mma_layout, descriptor  # noqa: E402
-from .triton_compat import GluonTensorDescriptor as TensorDescriptor  # noqa: E402
+from .fast_gluon import DTYPES, _mma_layout  # noqa: E402
 from .triton_compat import (  # noqa: E402
     fence_async_shared,
     gl,
@@ -218,12 +218,6 @@ def applies(q, k, causal: bool) -> str | None:
     return None
 
 
-def row_descriptor(x: torch.Tensor) -> TensorDescriptor:
-    """A TMA descriptor over (B, H, N) float32 ``x`` (lse, delta) seen as one vector, blocks of BLOCK_M rows."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
-    return TensorDescriptor(x, [x.numel()], [1], [BLOCK_M.value], layout)
-
-
 def attention_backward_gluon(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | None = None):
     """(the float32 sums of dQ, not yet scaled), dk, dv for contiguous, 16-byte-aligned (B, H, N, D) inputs that
     :func:`applies` accepts; ``lse`` and ``delta`` (B, H, N) float32, contiguous, ``delta`` = rowsum(o ∘ do)
@@ -234,10 +228,10 @@ def attention_backward_gluon(q, k, v, lse, do, delta, *, causal: bool, scale: fl
         lse = lse.clone()
     dq_acc = torch.zeros((B, H, N, D), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    descs = (descriptor(q, BLOCK_M.value), descriptor(k, BLOCK_N.value), descriptor(v, BLOCK_N.value),
-             descriptor(do, BLOCK_M.value), row_descriptor(lse), row_descriptor(delta),
-             TensorDescriptor(dq_acc, [B * H * N, D], [D, 1], [BLOCK_M.value, D],
-                              gl.NVMMASharedLayout.get_default_for([BLOCK_M.value, D], gl.float32)))
+    bm, bn = BLOCK_M.value, BLOCK_N.value
+    descs = (descriptors.gluon_rows(q, bm), descriptors.gluon_rows(k, bn), descriptors.gluon_rows(v, bn),
+             descriptors.gluon_rows(do, bm), descriptors.gluon_vector(lse, bm), descriptors.gluon_vector(delta, bm),
+             descriptors.gluon_rows(dq_acc, bm))
     launch_cache.launch(bwd_kernel_gluon, (N // BLOCK_N.value, B * H),
                         (*descs, dk, dv, N, scale * LOG2_E.value, scale),
                         dict(D=D, CAUSAL=causal, STAGES=stages or STAGES[D]), num_warps=4, maxnreg=MAXNREG)
