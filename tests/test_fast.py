@@ -175,7 +175,8 @@ def test_options_are_a_frozen_dataclass_checked_once():
     with pytest.raises(AttributeError):
         opts.block_m = 64
     backward_only = {"dq_mode", "dkdv_tiles", "dq_tiles"}
-    assert set(default_options(torch.float16, 64, mode="gpu")) == {f.name for f in dataclasses.fields(FastOptions)} - backward_only
+    forward_fields = {f.name for f in dataclasses.fields(FastOptions)} - backward_only
+    assert set(default_options(torch.float16, 64, mode="gpu")) == forward_fields
     # one options type for both directions: the backward's are the same frozen dataclass, remembered the same way
     backward = fast_options.resolve_backward(torch.float16, 64, {"dkdv_tiles": (32, 32, 4, 1)})
     assert isinstance(backward, FastOptions) and backward.dkdv_tiles == (32, 32, 4, 1) and backward.block_m == 32

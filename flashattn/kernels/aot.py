@@ -15,6 +15,7 @@ kernel from one (and from every jit function it calls).
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 import subprocess
 import tempfile
@@ -77,25 +78,33 @@ def compile_for(kernel, args: tuple, constexprs: dict, target: Target | tuple[in
     """Compile ``kernel`` as ``kernel[grid](*args, **constexprs, num_warps=..., ...)`` would, for ``target``.
 
     ``args``: the kernel's first parameters in order (tensors on any device, integers, floats, TMA
-    descriptors); ``constexprs``: its remaining parameters by name. Compile errors are returned, not raised."""
+    descriptors); ``constexprs``: its remaining parameters by name (parameters with defaults may be left out).
+    Compile errors are returned, not raised."""
     where = TARGETS.get(tuple(target)) if not isinstance(target, Target) else target
     if where is None:
         raise ValueError(f"compile_for: unknown target {target!r}; known: {', '.join(t.name for t in TARGETS.values())}")
     jit = as_jit(kernel)
     label = name or jit.fn.__name__
     names = list(jit.arg_names)
-    if len(args) + len(constexprs) != len(names) or sorted(constexprs) != sorted(names[len(args):]):
+    values = dict(zip(names, args, strict=False))
+    values.update(constexprs)
+    missing = [p.name for p in jit.params if p.name not in values and p.default is inspect.Parameter.empty]
+    if len(args) > len(names) or missing or set(values) - set(names):
         raise TypeError(f"compile_for({label}): the kernel takes {', '.join(names)}; got {len(args)} positional "
-                        f"arguments and {', '.join(constexprs) or 'no constexprs'}")
-    signature, attrs = {}, {}
-    for i, (param, arg) in enumerate(zip(names, args, strict=False)):
-        kind, aligned = _specialize(arg)
-        signature[param] = kind
-        if aligned and kind != "constexpr":
+                        f"arguments and {', '.join(constexprs) or 'no others'}")
+    signature, attrs, constants = {}, {}, {}
+    for i, param in enumerate(jit.params):
+        value = values.get(param.name, param.default)
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constants[(i,)] = tc.compilable(value)  # a jit function passed in, too
+            continue
+        kind, aligned = _specialize(value)
+        signature[param.name] = kind
+        if kind == "constexpr":  # the integer 1 and None specialize to constants, as in a launch
+            constants[(i,)] = value
+        elif aligned:
             attrs[(i,)] = [["tt.divisibility", 16]]
-    signature.update({param: "constexpr" for param in constexprs})
-    constants = {(names.index(p),): v for p, v in constexprs.items()}
-    constants.update({(i,): arg for i, arg in enumerate(args) if signature[names[i]] == "constexpr"})
     source_type = getattr(jit, "ASTSource", None) or _source_type(jit)
     options = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     common = dict(kernel=label, target=where.name, num_warps=num_warps, limit_shared=where.shared_bytes)

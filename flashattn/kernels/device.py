@@ -16,6 +16,7 @@ tuning space before anything is compiled (:func:`prune`). :func:`hopper` is the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -75,14 +76,32 @@ def for_capability(capability: tuple[int, int]) -> Target:
     return Target(capability, TARGETS[older].shared_bytes, "not in the course's table: limits of " + TARGETS[older].name)
 
 
-@functools.cache
 def target() -> Target | None:
     """The live GPU (its own shared-memory limit, read from the driver), or None without one (interpreter mode).
-    A GPU older than sm_75 raises ValueError: Triton cannot compile for it."""
+    A GPU older than sm_75 raises ValueError: Triton cannot compile for it. Inside :func:`pretend`, the target
+    pretended."""
+    return _pretended[-1] if _pretended else _live()
+
+
+_pretended: list[Target] = []
+
+
+@contextlib.contextmanager
+def pretend(where: Target):
+    """Choose tiles as if ``where`` were the live GPU (the compile checks: what would the code pick on a T4?)."""
+    _pretended.append(where)
+    try:
+        yield where
+    finally:
+        _pretended.pop()
+
+
+@functools.cache
+def _live() -> Target | None:
     if runtime.MODE != "gpu" or not runtime.HAS_GPU:
         return None
     props = torch.cuda.get_device_properties(runtime.DEVICE)
-    base = for_capability((props.major, props.minor))
+    base = for_capability(runtime.CAPABILITY)
     return Target(base.capability, getattr(props, "shared_memory_per_block_optin", base.shared_bytes) or base.shared_bytes,
                   props.name, getattr(props, "regs_per_multiprocessor", base.registers) or base.registers)
 
@@ -93,17 +112,10 @@ def hopper() -> bool:
     return live is not None and live.hopper
 
 
+@functools.cache
 def sm_count() -> int:
-    """The live GPU's number of SMs (1 in interpreter mode)."""
-    return torch.cuda.get_device_properties(runtime.DEVICE).multi_processor_count if target() else 1
-
-
-def check_dtype(dtype: torch.dtype, variant: str) -> None:
-    """bfloat16 needs sm_80: refuse it by name on an older GPU (Triton cannot compile its conversions there)."""
-    live = target()
-    if dtype == torch.bfloat16 and live is not None and not live.bf16:
-        raise TypeError(f"{variant}: bfloat16 needs a GPU of sm_80 or newer; this {live.examples} is {live.name}. "
-                        "Use float16 (or float32)")
+    """The live GPU's number of SMs (1 without one)."""
+    return torch.cuda.get_device_properties(runtime.DEVICE).multi_processor_count if _live() else 1
 
 
 def fits(shared_bytes: int, where: Target | None = None) -> bool:
@@ -123,3 +135,28 @@ def prune(configs: list, shared_bytes, where: Target | None = None, *, what: str
         raise ValueError(f"{what}: no tile configuration fits {where.name} ({where.examples}): the smallest needs "
                          f"about {need} bytes of shared memory, the GPU gives a program {where.shared_bytes}")
     return kept
+
+
+def tile_shared_bytes(*, element: int, d: int, kept_rows: int, streamed_rows: int, stages: int, score_tiles: int,
+                      mma: bool, where: Target | None = None) -> int:
+    """An upper bound of the shared memory Triton gives a FlashAttention-style program on ``where`` (default: the
+    live GPU; the H200's rules without one): ``kept_rows`` rows of D-wide tiles loaded once (Q in the forward),
+    ``streamed_rows`` rows loaded per loop step (K and V), ``stages`` of software pipelining, ``score_tiles``
+    (BLOCK_M, BLOCK_N) float32 tiles, as ``element``-byte values. ``mma``: the products run on the tensor cores
+    (16-bit inputs, or TF32); otherwise on the CUDA cores (float32 "ieee", and everything below sm_80).
+
+    How Triton lays it out (read off the compiled kernels of every target, tests/test_compile_targets.py):
+    with the tensor cores, the streamed tiles sit in the pipeline's buffers (``stages`` of them on sm_90,
+    one fewer on sm_80 to sm_89); on the CUDA cores there is no pipeline, but each float32 score tile goes
+    through shared memory to change layout."""
+    where = where or target() or TARGETS[(9, 0)]
+    if mma and where.tensor_cores:
+        copies = max(stages, 1) if where.hopper else max(stages - 1, 1)
+        return element * d * (kept_rows + copies * streamed_rows)
+    return 4 * score_tiles + element * d * (kept_rows + streamed_rows)
+
+
+def first_fitting(configs: list, shared_bytes, *, what: str) -> tuple:
+    """The first of ``configs`` (tiles in order of preference) that fits the live GPU: the teaching kernels' fixed
+    tiles, chosen per device (a clear error if none fits)."""
+    return prune(configs, shared_bytes, what=what)[0]

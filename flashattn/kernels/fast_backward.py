@@ -278,7 +278,6 @@ def check_inputs(q, k, v, o, lse, do, *, causal, scale):
     B, HQ, HKV, L, S, D, scale = check_attention_inputs(q, k, v, variant="fast backward", causal=causal, scale=scale,
                                                         head_dims=range(1, MAX_HEAD_DIM + 1))
     check_o_lse_do(q, o, lse, do, variant="fast backward")
-    device.check_dtype(q.dtype, "fast backward")
     return B, HQ, HKV, L, S, D, scale
 
 

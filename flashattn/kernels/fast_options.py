@@ -151,34 +151,35 @@ def gluon_available(dtype: torch.dtype, D: int, mode: str | None = None) -> bool
 
 
 # --- shared memory: what a configuration needs, before it is compiled ----------------------------------------
-# Upper bounds of what Triton allocates on sm_75 to sm_90 (checked against the compiled kernels of every target by
-# tests/test_compile_targets.py): the tiles a program keeps in shared memory, its pipeline's copies of the tiles it
-# streams, and the scratch a layout conversion of a float32 score tile takes.
 
-def forward_shared_bytes(tiles: tuple, D: int, dtype: torch.dtype) -> int:
-    """The Triton forward (fast.py): Q, num_stages copies of K and V, a float32 (BLOCK_M, BLOCK_N) scratch."""
+def forward_shared_bytes(tiles: tuple, D: int, dtype: torch.dtype, where: device.Target | None = None,
+                         precision: str = "ieee") -> int:
+    """The Triton forward (fast.py, and v2's loop): Q kept, K and V streamed, one score tile."""
     bm, bn, _, stages = tiles[:4]
-    size, d = dtype.itemsize, padded_head_dim(D)
-    return size * d * (bm + 2 * max(stages, 1) * bn) + 4 * bm * bn
+    return device.tile_shared_bytes(element=dtype.itemsize, d=padded_head_dim(D), kept_rows=bm, streamed_rows=2 * bn,
+                                    stages=stages, score_tiles=bm * bn, mma=dtype != torch.float32 or precision != "ieee",
+                                    where=where)
 
 
-def backward_shared_bytes(kernel: str, tiles: tuple, D: int, dtype: torch.dtype) -> int:
-    """The Triton backward (fast_backward.py): the streamed pair (Q and dO, or K and V) in num_stages copies, the
-    pair the program keeps, and two float32 (BLOCK_M, BLOCK_N) score tiles for the transposes."""
+def backward_shared_bytes(kernel: str, tiles: tuple, D: int, dtype: torch.dtype, where: device.Target | None = None,
+                          precision: str = "ieee") -> int:
+    """The Triton backward (fast_backward.py, backward.py): the dK/dV kernel keeps K and V and streams Q and dO,
+    the dQ kernel keeps Q and dO and streams K and V; two score tiles (S or P, and dP)."""
     bm, bn, _, stages = tiles[:4]
-    size, d = dtype.itemsize, padded_head_dim(D)
-    streamed, kept = (bm, bn) if kernel == "dkdv" else (bn, bm)
-    return size * d * (2 * max(stages, 1) * streamed + 2 * kept) + 2 * 4 * bm * bn
+    kept, streamed = (bn, bm) if kernel == "dkdv" else (bm, bn)
+    return device.tile_shared_bytes(element=dtype.itemsize, d=padded_head_dim(D), kept_rows=2 * kept,
+                                    streamed_rows=2 * streamed, stages=stages, score_tiles=2 * bm * bn,
+                                    mma=dtype != torch.float32 or precision != "ieee", where=where)
 
 
 # --- the forward's options -----------------------------------------------------------------------------------
 
 def tuning_configs(D: int, dtype: torch.dtype, gluon: bool = False, schedule: str = "auto",
-                   consumers: int | None = None) -> list[dict]:
+                   consumers: int | None = None, where: device.Target | None = None) -> list[dict]:
     """The configurations autotuning tries for head dimension ``D`` (as option dicts, with ``maxnreg``),
     for the Gluon kernel if ``gluon``: those of ``schedule`` only, unless it is "auto", and with
     ``consumers`` consumer warpgroups, if given (the schedule's tiles with that many, if none has it). The
-    Triton kernel's are pruned to what fits the live GPU's shared memory."""
+    Triton kernel's are pruned to what fits ``where`` (default: the live GPU)."""
     if gluon:
         if D not in GLUON_SPACE or dtype == torch.float32:
             raise ValueError(f"fast: the Gluon kernel takes 16-bit inputs and D in {sorted(GLUON_SPACE)}")
@@ -193,15 +194,17 @@ def tuning_configs(D: int, dtype: torch.dtype, gluon: bool = False, schedule: st
     space = FLOAT32_SPACE if dtype == torch.float32 else TUNING_SPACE[D_pad]
     if dtype == torch.float32 and D_pad == 256:
         space = [c for c in space if c[0] == 64]
-    space = fitting(space, FALLBACK_SPACE, lambda c: forward_shared_bytes(c, D, dtype), f"fast (D={D}, {dtype})")
+    space = fitting(space, FALLBACK_SPACE, lambda c: forward_shared_bytes(c, D, dtype, where), f"fast (D={D}, {dtype})",
+                    where)
     return [dict(zip(TILE_KEYS, c[:4], strict=True), maxnreg=c[4] if len(c) > 4 else None) for c in space]
 
 
-def fitting(space: list, fallback: list, shared_bytes, what: str) -> list:
-    """``space`` pruned to what fits the live GPU; if none of it fits, ``fallback`` pruned likewise (a clear error
-    if nothing fits). Without a GPU (and on the H200, where every space was measured) ``space`` is unchanged."""
-    kept = [c for c in space if device.fits(shared_bytes(c))]
-    return kept or device.prune(fallback, shared_bytes, what=what)
+def fitting(space: list, fallback: list, shared_bytes, what: str, where: device.Target | None = None) -> list:
+    """``space`` pruned to what fits ``where`` (default: the live GPU); if none of it fits, ``fallback`` pruned
+    likewise (a clear error if nothing fits). Without a GPU (and on the H200, where every space was measured)
+    ``space`` is unchanged."""
+    kept = [c for c in space if device.fits(shared_bytes(c), where)]
+    return kept or device.prune(fallback, shared_bytes, where, what=what)
 
 
 def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
@@ -322,15 +325,16 @@ def _check(dtype: torch.dtype, D: int, causal: bool, options: dict, gluon_shapes
 
 # --- the backward's options ----------------------------------------------------------------------------------
 
-def tuning_space(kernel: str, D: int, dtype: torch.dtype, atomic: bool = False) -> list[tuple[int, int, int, int]]:
+def tuning_space(kernel: str, D: int, dtype: torch.dtype, atomic: bool = False,
+                 where: device.Target | None = None) -> list[tuple[int, int, int, int]]:
     """The configurations autotuning tries for the backward's ``kernel`` ("dkdv" or "dq") at head dimension ``D``
-    (``atomic``: the dK/dV kernel that also adds into dQ), pruned to what fits the live GPU."""
+    (``atomic``: the dK/dV kernel that also adds into dQ), pruned to what fits ``where`` (default: the live GPU)."""
     if dtype == torch.float32:
         space = BACKWARD_FLOAT32_SPACE
     else:
         space = {"dkdv": ATOMIC_DKDV_SPACE if atomic else DKDV_SPACE, "dq": DQ_SPACE}[kernel][padded_head_dim(D)]
-    return fitting(list(space), BACKWARD_FALLBACK_SPACE, lambda c: backward_shared_bytes(kernel, c, D, dtype),
-                   f"fast backward, {kernel} kernel (D={D}, {dtype})")
+    return fitting(list(space), BACKWARD_FALLBACK_SPACE, lambda c: backward_shared_bytes(kernel, c, D, dtype, where),
+                   f"fast backward, {kernel} kernel (D={D}, {dtype})", where)
 
 
 def backward_default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:

@@ -196,7 +196,7 @@ def compilable(fn, memo: dict | None = None):
     scope = dict(raw.__globals__)
     clone = types.FunctionType(raw.__code__, scope, raw.__name__, raw.__defaults__, raw.__closure__)
     clone.__qualname__, clone.__module__, clone.__doc__ = raw.__qualname__, raw.__module__, raw.__doc__
-    clone.__kwdefaults__ = raw.__kwdefaults__
+    clone.__kwdefaults__, clone.__annotations__ = raw.__kwdefaults__, dict(raw.__annotations__)
     jit = JITFunction(clone)
     memo[id(raw)] = jit
     for name, value in list(scope.items()):
