@@ -109,13 +109,20 @@ def _check_kernel_dtype_device_and_d(q, variant: str, D: int, head_dims) -> None
             "tl.dot on bfloat16 incorrectly (relative errors around 1e9), so the result would be "
             "garbage. Use float16 or float32 here; bfloat16 runs on a GPU."
         )
+    if runtime.MODE == "gpu" and not runtime.HAS_GPU:
+        raise ValueError(f"{variant}: TRITON_INTERPRET=0 was set but no CUDA GPU is visible")
+    sm = f"sm_{runtime.CAPABILITY[0]}{runtime.CAPABILITY[1]}" if runtime.CAPABILITY else None
+    if runtime.MODE == "gpu" and runtime.CAPABILITY < (7, 5):
+        raise ValueError(f"{variant}: this GPU is {sm}; Triton compiles for sm_75 (Turing) and newer. Use the "
+                         "interpreter (TRITON_INTERPRET=1) on this machine")
+    if runtime.MODE == "gpu" and q.dtype == torch.bfloat16 and runtime.CAPABILITY < (8, 0):
+        raise TypeError(f"{variant}: bfloat16 needs a GPU of sm_80 or newer; this one is {sm} ({runtime.gpu_name()}). "
+                        "Use float16 (or float32)")
     if runtime.MODE == "gpu" and q.device.type != "cuda":
         raise ValueError(
             f"{variant}: GPU mode needs CUDA tensors, got tensors on {q.device}; "
             "move them with .cuda() (or set TRITON_INTERPRET=1 to use the CPU interpreter)"
         )
-    if runtime.MODE == "gpu" and not runtime.HAS_GPU:
-        raise ValueError(f"{variant}: TRITON_INTERPRET=0 was set but no CUDA GPU is visible")
     if D not in head_dims:
         accepted = (f"any D from {head_dims.start} to {head_dims.stop - 1}" if isinstance(head_dims, range)
                     else ", ".join(map(str, head_dims)))
