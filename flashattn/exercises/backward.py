@@ -251,7 +251,7 @@ def _run(step, case: Case, seed: int):
         text, chain = str(err), [err.__cause__]
         while chain[-1] is not None and chain[-1].__cause__ is not None and len(chain) < 10:
             chain.append(chain[-1].__cause__)
-        reasons = " ".join(str(e) for e in chain if e is not None)
+        reasons = " ".join([text] + [str(e) for e in chain if e is not None])  # compiled ahead: the text only
         if "NoneType" in reasons or "'None'" in reasons:
             raise ExerciseFailed(f"{text}\nHint: the step must end with `return dsij` (a (BLOCK_M, BLOCK_N) "
                                  "tile).") from err

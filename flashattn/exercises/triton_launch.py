@@ -3,6 +3,11 @@
 * ``launch``: runs ``kernel[grid](...)``; an exception becomes ``ExerciseFailed`` naming the case, the
   learner's own line and, for the usual Triton errors, what to change (a hint chosen from the error *and*
   the line it happened on: a shape mismatch in a ``tl.load`` mask is not one in a ``tl.dot``).
+* In interpreter mode ``launch`` also compiles the kernel ahead of time for a GPU (sm_80 and sm_90, through
+  ``flashattn.kernels.aot``: Triton compiles without a GPU) from the arguments of the launch, and reports what
+  a GPU compiler refuses and the interpreter runs anyway (a float16 accumulator the loop turns into float32,
+  a size that is not a constexpr, Python the compiler does not take) as the learner's mistake, with the line
+  and a hint (``compile_for_gpu``).
 * In interpreter mode the masked-off lanes of a ``tl.load`` written without ``other=`` read NaN
   (``masked_lanes_undefined``): on a GPU they hold whatever the registers held, so a kernel that uses them
   is wrong there; the interpreter alone would give 0 and hide it. ``loads_without_other`` lists such loads
@@ -14,6 +19,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+import re
 import textwrap
 import traceback
 
@@ -74,12 +80,14 @@ def learner_line(err: BaseException, functions) -> tuple[str, int, str] | None:
             fn = codes[(frame.filename, frame.name)]
             line = frame.lineno - _code(fn).co_firstlineno + 1  # in the source as getsource gives it (decorators on)
             return frame.name, line - _def_line(fn), _statement(fn, line)
-    for e in reversed(chain):
+    for e in reversed(chain):  # a compile error: the innermost one in the learner's own source
         node, src = getattr(e, "node", None), getattr(e, "src", None)
-        if node is not None and getattr(node, "lineno", None) and isinstance(src, str):
-            name = next((getattr(fn, "__name__", "") for fn in functions if getattr(fn, "__name__", "") in src), "")
-            line = src.splitlines()[node.lineno - 1].strip() if node.lineno <= len(src.splitlines()) else ""
-            return name, node.lineno - 1, line
+        if node is None or not getattr(node, "lineno", None) or not isinstance(src, str):
+            continue
+        name = next((n for fn in functions if (n := getattr(fn, "__name__", "")) and f"def {n}(" in src), None)
+        if name is not None:
+            fn = next(f for f in functions if getattr(f, "__name__", "") == name)
+            return name, node.lineno - 1, _statement(fn, _def_line(fn) + node.lineno - 1)
     return None
 
 
@@ -205,11 +213,128 @@ def check_undefined_lanes(fn, rerun, where: str) -> None:
         raise ExerciseFailed(undefined_lanes_message(where, loads))
 
 
+GPU_TARGETS = ((8, 0), (9, 0))  # an A100's and an H100's: the first specialization of a kernel is compiled for both
+MORE_SPECIALIZATIONS = 1  # a later one (another dtype, CAUSAL), for the last target only: the 10-second budget
+_compiled: dict = {}  # (the learner's sources, the specialization) -> None (compiles) or the failure's message
+_specializations: dict = {}  # the learner's sources -> how many specializations were compiled
+
+
+def compile_for_gpu(kernel, args: tuple, constexprs: dict, target: tuple[int, int]):
+    """Compile ``kernel`` as ``kernel[grid](*args, **constexprs)`` would for ``target``, without a GPU. Returns
+    None when it compiles and fits, else (the exception, or the compiler's message when there is none; the
+    verdict). The one place the checks compile: it goes through ``flashattn.kernels.aot.compile_for``."""
+    from flashattn.kernels import aot
+
+    raised = []
+    compile_target = aot._compile
+
+    def keep(*a, **k):  # compile_for returns the compiler's message: keep its exception, for the line and reason
+        try:
+            return compile_target(*a, **k)
+        except Exception as err:
+            raised.append(err)
+            raise
+
+    aot._compile = keep
+    try:
+        result = aot.compile_for(kernel, args, constexprs, target)
+    finally:
+        aot._compile = compile_target
+    if result.error is None and result.fits:
+        return None
+    return (raised[-1] if raised else result.error or ""), result.verdict()
+
+
+def _key(value):
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return type(value).__name__ + ("=1" if value == 1 else "")  # a launch specializes the integer 1
+    if hasattr(value, "fn") or callable(value):
+        return _source(value)
+    return repr(value)
+
+
+def _compile_ahead(kernel, functions, args, kwargs, where: str) -> None:
+    """In interpreter mode: compile this launch's specialization for a GPU (see GPU_TARGETS), once, and raise
+    ExerciseFailed with the learner's line and a hint when a GPU compiler refuses it."""
+    if runtime.MODE != "interpreter":
+        return  # on a GPU the launch itself compiles
+    try:
+        learner = tuple(_source(fn) for fn in functions)
+    except (OSError, TypeError):
+        return
+    spec = (learner, _source(kernel), tuple(_key(a) for a in args),
+            tuple(sorted((k, _key(v)) for k, v in kwargs.items())))
+    if spec not in _compiled:
+        done = _specializations.get(learner, 0)
+        if done > MORE_SPECIALIZATIONS:
+            return
+        targets = GPU_TARGETS if done == 0 else GPU_TARGETS[-1:]
+        _specializations[learner] = done + 1
+        failure = None
+        for target in targets:
+            try:
+                found = compile_for_gpu(kernel, args, kwargs, target)
+            except Exception:  # noqa: BLE001  (the call itself is wrong: the interpreter's launch says how)
+                return
+            if found is not None:
+                failure = describe_compile_error(found, functions, f"sm_{target[0]}{target[1]}")
+                break
+        if len(_compiled) > 256:
+            _compiled.clear()
+        _compiled[spec] = failure
+    if _compiled[spec] is not None:
+        raise ExerciseFailed(f"{where}: {_compiled[spec]}")
+
+
+def _loop_variable_line(reason: str, functions) -> str:
+    """For 'Loop-carried variable acc has initial type ...': where acc gets its first value."""
+    match = re.search(r"Loop-carried variable (\w+) has initial type .*?(fp16|bf16|fp32|int32|int64)\b", reason)
+    if not match:
+        return ""
+    for fn in functions:
+        source = _source(fn)
+        tree = ast.parse(source)
+        node = next((n for n in tree.body if isinstance(n, ast.FunctionDef)), None)
+        for stmt in ast.walk(node) if node else ():
+            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == match.group(1)
+                                                    for t in stmt.targets):
+                text = " ".join(line.strip() for line in ast.get_source_segment(source, stmt).splitlines())
+                return (f"\n{match.group(1)} starts as {match.group(2)} in line {stmt.lineno - node.lineno} of "
+                        f"{node.name}: {text}")
+    return ""
+
+
+def describe_compile_error(found, functions, target: str) -> str:
+    error, verdict = found
+    if isinstance(error, BaseException):
+        chain = [error]
+        while chain[-1].__cause__ is not None and chain[-1].__cause__ not in chain and len(chain) < 10:
+            chain.append(chain[-1].__cause__)
+        texts = [str(e).strip() for e in chain]
+        reason = next((t.splitlines()[-1] for t in reversed(texts) if t and not t.endswith("^")), texts[-1])
+        where = learner_line(error, functions)
+    else:
+        texts, reason, where = [error], (error.strip().splitlines() or [verdict])[-1], None
+    kind = _kind(where[2]) if where else None
+    hint = next((h for keys, h, for_kind in _HINTS if (for_kind is None or for_kind == kind)
+                 and any(key in t for key in keys for t in texts)), "")
+    if not hint and "not compile" not in verdict:
+        hint = f"the compiled kernel does not fit the GPU: {verdict}."
+    at = f"\nIn line {where[1]} of {where[0]}: {where[2]}" if where and where[2] else ""
+    return (f"compiled for a GPU ({target}), your kernel is refused: {verdict}. The interpreter ran it, but a GPU "
+            f"would stop at the first launch, before any result.\n{reason}{at}"
+            + _loop_variable_line(reason, functions) + (f"\nHint: {hint}" if hint else ""))
+
+
 def launch(kernel, grid, *args, where: str, source=None, undefined_lanes: bool = True, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``; an error becomes ExerciseFailed that names the case and the learner's
-    line (``source``: the learner's function(s), the kernel itself by default). In interpreter mode, masked-off
-    lanes of loads without other= read NaN unless ``undefined_lanes=False``."""
+    line (``source``: the learner's function(s), the kernel itself by default). In interpreter mode the launch is
+    first compiled for a GPU (``_compile_ahead``), and masked-off lanes of loads without other= read NaN unless
+    ``undefined_lanes=False``."""
     functions = (source if isinstance(source, (tuple, list)) else (source,)) if source is not None else (kernel,)
+    _compile_ahead(kernel, functions, args, kwargs, where)
     try:
         with masked_lanes_undefined(undefined_lanes):
             kernel[grid](*args, **kwargs)
