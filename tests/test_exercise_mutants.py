@@ -11,7 +11,7 @@ import re
 import pytest
 from exercise_sources import definitions, load, mutate
 
-from flashattn.exercises import ExerciseFailed, flash_kernels, primer, scores
+from flashattn.exercises import ExerciseFailed, flash_kernels, flash_parts, primer, scores
 
 # exercise -> (notebook, solution functions, stub functions, check)
 EXERCISES = {
@@ -27,6 +27,8 @@ EXERCISES = {
                scores.check_scores_kernel),
     "v1_update": ("04_flashattention_v1", ("my_v1_update_solution",), ("my_v1_update",),
                   flash_kernels.check_v1_update),
+    "v2_update": ("05_flashattention_v2", ("my_v2_update_solution",), ("my_v2_update",), flash_parts.check_v2_update),
+    "v2_keep": ("05_flashattention_v2", ("my_v2_keep_solution",), ("my_v2_keep",), flash_parts.check_v2_keep),
     "v2_kernel": ("05_flashattention_v2", ("my_attention_kernel_solution",), ("my_attention_kernel",),
                   flash_kernels.check_v2_kernel),
     "load_kt": ("06_bank_conflicts", ("my_load_kt_solution",), ("my_load_kt",), scores.check_load_kt),
@@ -169,6 +171,30 @@ MUTANTS = [
     ("v2_kernel", "p_not_converted", "tl.dot(pij.to(vj.dtype), vj", "tl.dot(pij, vj", "same dtype"),
     ("v2_kernel", "no_max_subtraction", ("pij = tl.exp(sij - mi_new[:, None])", "alpha = tl.exp(mi - mi_new)"),
      ("pij = tl.exp(sij)", "alpha = tl.full([BLOCK_M], 1.0, tl.float32)"), "exp overflows float32"),
+    # --- 05, in parts: the update of one K/V block inside the given loop, and the mask of a tile
+    ("v2_update", "keep_ignored", 'sij = tl.where(keep, sij, float("-inf"))', "sij = sij",
+     "the scores outside `keep` are used"),
+    ("v2_update", "exp_old_max", "pij = tl.exp(sij - mi_new[:, None])", "pij = tl.exp(sij - mi[:, None])",
+     "every row is NaN"),
+    ("v2_update", "no_alpha_acc", "acc * alpha[:, None]", "acc", "acc is not rescaled"),
+    ("v2_update", "no_alpha_l", "li = alpha * li +", "li = li +", "li is not rescaled"),
+    ("v2_update", "old_max_returned", "    return mi_new, li, acc", "    return mi, li, acc",
+     "mi is never updated"),
+    ("v2_update", "p_not_converted", "tl.dot(pij.to(vj.dtype), vj", "tl.dot(pij, vj", "same dtype"),
+    ("v2_keep", "tail_kept", "keep = offs_n[None, :] < N", "keep = offs_n[None, :] >= 0",
+     "the keys past N are kept"),
+    ("v2_keep", "key_n_kept", "keep = offs_n[None, :] < N", "keep = offs_n[None, :] <= N",
+     "lets key N itself through"),
+    ("v2_keep", "causal_strict", "(offs_n[None, :] <= offs_m[:, None])", "(offs_n[None, :] < offs_m[:, None])",
+     "off by one"),
+    ("v2_keep", "causal_local", "(offs_n[None, :] <= offs_m[:, None])",
+     "(tl.arange(0, offs_n.shape[0])[None, :] <= tl.arange(0, offs_m.shape[0])[:, None])", "indices inside the tiles"),
+    ("v2_keep", "causal_wrong_way", "(offs_n[None, :] <= offs_m[:, None])",
+     "(offs_n[None, :] >= offs_m[:, None])", "points the wrong way"),
+    ("v2_keep", "causal_missing", "    if CAUSAL:\n        keep = keep & (offs_n[None, :] <= offs_m[:, None])\n",
+     "", "there is no causal mask"),
+    ("v2_keep", "causal_always", "    if CAUSAL:\n        keep = keep & (offs_n[None, :] <= offs_m[:, None])",
+     "    keep = keep & (offs_n[None, :] <= offs_m[:, None])", "applied although CAUSAL is False"),
     # --- 06: the Kᵀ tile through strides
     ("load_kt", "strides_swapped", "offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn",
      "offs_d[:, None] * stride_kn + offs_n[None, :] * stride_kd", "K's strides are swapped"),

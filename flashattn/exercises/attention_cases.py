@@ -133,13 +133,14 @@ def per_head_hint(got: torch.Tensor, ref: torch.Tensor, tol: float) -> str | Non
     return None
 
 
-def match_models(got: torch.Tensor, ref: torch.Tensor, models, tol: float) -> str | None:
-    """The message of the first model that differs from ref and that got reproduces (NaN where it has NaN). A
-    result that is NaN everywhere is weak evidence: then every model that gives it is named, as alternatives."""
+def match_models(got: torch.Tensor, ref: torch.Tensor, models, tol: float, ref_tol: float | None = None) -> str | None:
+    """The message of the first model that differs from ref (by more than ``ref_tol``, the check's own tolerance;
+    ``tol`` by default) and that got reproduces within ``tol`` (NaN where it has NaN). A result that is NaN
+    everywhere is weak evidence: then every model that gives it is named, as alternatives."""
     matches = []
     for build, message in models:
         model = build()
-        if model is None or close(model, ref, tol) or not close(got, model, tol):
+        if model is None or close(model, ref, tol if ref_tol is None else ref_tol) or not close(got, model, tol):
             continue
         matches.append(message)
         if torch.isfinite(got).any():

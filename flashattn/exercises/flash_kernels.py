@@ -92,10 +92,6 @@ V2_MESSAGES = {  # mistake (flash_models.V2_SWITCHES) -> what the learner should
         "NaN in the rows that are fully masked inside a diagonal block (with BLOCK_M = 32 > BLOCK_N = 16 some "
         "query rows see none of the block's keys): their block max is -inf and exp(-inf - (-inf)) = NaN. "
         "Exponentiate against the running max mi_new, which is finite from the first block on.",
-    "no_max":
-        "NaN or inf where the scores are large: the scores are exponentiated without subtracting a max, and exp "
-        "overflows float32 above 88.7. Exponentiate against the running max, pij = exp(sij - mi_new), which keeps "
-        "every exponent <= 0.",
     "max_from_zero":
         "the rows whose scores are all below -100 are NaN: mi starts at 0 instead of -inf. For those rows mi_new = "
         "max(0, rowmax(sij)) stays 0, every pij = exp(sij - 0) underflows to 0, li = 0 and acc / li = 0 / 0. "
@@ -107,6 +103,10 @@ V2_MESSAGES = {  # mistake (flash_models.V2_SWITCHES) -> what the learner should
     "max_from_zero_acc_from_one":
         "mi starts at 0 and acc does not start at 0: with a finite starting max, alpha = exp(mi - mi_new) no "
         "longer wipes the starting acc at the first block. Start with mi = -inf, li = 0, acc = 0 (tl.zeros).",
+    "no_max":
+        "NaN or inf where the scores are large: the scores are exponentiated without subtracting a max, and exp "
+        "overflows float32 above 88.7. Exponentiate against the running max, pij = exp(sij - mi_new), which keeps "
+        "every exponent <= 0.",
     "rounded_out": ROUNDED.format(what="the stored output") + "Store acc / li[:, None] as it is: tl.store converts "
         "to O's dtype itself.",
     "rounded_p": ROUNDED.format(what="the exponentials pij") + "Convert pij to vj.dtype (float32 here), not to "
@@ -132,7 +132,7 @@ def _name_the_mistake(case: Case, got, ref, tol: float, qkv, model, switches, me
                              **options).double().reshape(got.shape)
 
     models = [(build(name), message) for name, message in messages.items()]
-    message = match_models(got, ref, models, MODEL_TOL if case.dtype == torch.float32 else 10 * tol)
+    message = match_models(got, ref, models, MODEL_TOL if case.dtype == torch.float32 else 10 * tol, ref_tol=tol)
     if message:
         fail(case, message)
 

@@ -42,6 +42,9 @@ _HINTS = (  # (what the error says, any of them; the hint; the kind of line it i
     (("arange's arguments must be of type tl.constexpr", "must be of type `constexpr`", "must be constexpr",
       "shape element", "Shape element"), CONSTEXPR_HINT, None),
     (("must be >= 16",), "tl.dot needs at least 16 along every dimension.", None),
+    (("unsupported AST node type: Break", "unsupported AST node type: Continue"), "a GPU kernel's loop has no break "
+     "or continue: know the loop's bound before it starts (compute hi first, as the causal bound is) and let a "
+     "mask hide what lies past the end.", None),
     (("Both operands must be same dtype",), "tl.dot multiplies two tiles of the same dtype: convert the "
      "float32 one, e.g. p.to(v.dtype), before the product.", None),
     (("Loop-carried variable",), "a variable updated in a loop keeps the type it starts with. The accumulator "
