@@ -240,7 +240,11 @@ def test_every_exercise_has_mutants():
 
 
 @pytest.mark.parametrize("exercise, name, old, new, message", MUTANTS, ids=[f"{m[0]}-{m[1]}" for m in MUTANTS])
-def test_mutant_is_named(exercise, name, old, new, message, tmp_path):
+def test_mutant_is_named(exercise, name, old, new, message, tmp_path, monkeypatch):
+    # without the compile for a GPU that a check runs first in interpreter mode (a second or two per new kernel):
+    # none of these mutants is refused by the compiler, the solutions above compile with it, and the mistakes only
+    # a GPU compiler sees are tested with it on (tests/test_exercise_mistake_classes.py)
+    monkeypatch.setenv("FLASHATTN_COMPILE_AHEAD", "0")
     notebook, solution, _, check = EXERCISES[exercise]
     source = mutate(definitions(notebook, solution), old, new)
     module = load(source, tmp_path, f"mutant_{exercise}_{name}")

@@ -92,7 +92,9 @@ def test_a_python_function_is_refused():
 
 
 @pytest.mark.parametrize("name, old, new, message", MUTANTS, ids=[m[0] for m in MUTANTS])
-def test_mutant_is_named(tmp_path, name, old, new, message):
+def test_mutant_is_named(tmp_path, name, old, new, message, monkeypatch):
+    if name not in ("no_return", "dp_not_transposed"):  # the ones a GPU compiler refuses first (test_exercise_mutants)
+        monkeypatch.setenv("FLASHATTN_COMPILE_AHEAD", "0")
     step = _load(tmp_path, mutate(SOLUTION, old, new), "my_ds_step_solution")
     with pytest.raises(ExerciseFailed) as err:
         check_ds_step(step)
