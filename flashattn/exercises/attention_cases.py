@@ -22,8 +22,6 @@ from .evidence import first_wrong
 from .triton_check import Buffer, close
 
 NAN = float("nan")
-OFFSETS_ADVICE = ("That is beyond the whole tensor: check the batch and head offsets (off_b = pid_bh // H, "
-                  "off_h = pid_bh % H, times each tensor's own stride_b and stride_h) and the strides.")
 
 
 @dataclass(frozen=True)

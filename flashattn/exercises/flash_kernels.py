@@ -9,10 +9,13 @@
   loop over K/V blocks, inner over Q blocks, state in HBM).
 
 Each check runs the kernel on cases ordered so that one kind of mistake shows at a time (one head and
-whole blocks; a ragged N with B, H > 1; causal; non-contiguous inputs; N = 1; large scores; float16),
-compares with the float64 reference, and, when wrong, with float64 models of the same loop with one
-classic mistake in it (``flash_models``: the tile structure included, so that a mask using the index
-inside the block, or an unmasked ragged end, is reproduced exactly).
+whole blocks; a ragged N with B, H > 1; causal; q, k, v and o each with their own strides, none of them 1;
+N = 1; large scores; rows whose scores are all far below zero; float16), compares with the float64
+reference, and, when wrong, names a mistake only when a model of it reproduces the result: float64 models of
+the same loop with one classic mistake in it (``flash_models``: the tile structure included, so that a mask
+using the index inside the block, or an unmasked ragged end, is reproduced exactly), then the layout models
+of ``layout_checks`` (a tensor read or O stored through the wrong strides or head offsets, swapped program
+ids). Where none fits, the message says what is known (``evidence.known``).
 """
 
 # ruff: noqa: E741  (Q, K, V, O: the papers' notation, as in flashattn/kernels)

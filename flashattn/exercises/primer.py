@@ -7,8 +7,9 @@
 * ``check_matmul(kernel)`` (01b): ``C = A·B`` in tiles, a loop over K in BLOCK_K steps with ``tl.dot``.
 
 Every check launches the kernel itself on inputs chosen to expose one mistake at a time (sizes that are
-not multiples of the block, non-contiguous inputs, large values, float16), surrounds inputs with NaN
-and outputs with a sentinel, and names the mistake it sees.
+not multiples of the block, non-contiguous inputs with no unit stride, large values, float16), surrounds
+inputs with NaN and outputs with a sentinel, and names a mistake only when a model of it reproduces what the
+kernel did; otherwise it says what is known.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 * ``check_scores_kernel(kernel)`` (notebook 02): the naive kernel that writes S = scale·Q·Kᵀ (with -inf
   above the diagonal when causal), one program per (BLOCK_M × BLOCK_N tile, batch·head). The check
-  launches it on grid ``(cdiv(N, BLOCK_M), cdiv(N, BLOCK_N), B·H)`` with BLOCK_M = 32, BLOCK_N = 16.
+  launches it on grid ``(cdiv(N, BLOCK_M), cdiv(N, BLOCK_N), B·H)`` with BLOCK_M = 32, BLOCK_N = 16; one case
+  gives q, k and S their own strides, none of them 1, so that a tensor read or S stored through the wrong
+  strides is named (``layout_checks``).
 * ``check_load_kt(load_kt)`` (notebook 06): ``load_kt(k_base, start_n, stride_kn, stride_kd, N, D,
   BLOCK_N)``, a ``@triton.jit`` function returning the (D, BLOCK_N) tile of Kᵀ read through K's strides
   (the load of ``v2_kt_view``). ``kt_probe_kernel`` calls it, stores every tile it returns and multiplies
