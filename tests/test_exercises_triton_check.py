@@ -103,9 +103,13 @@ def test_close_compares_nan_and_infinity_positions():
     assert not close(torch.tensor([1.1, float("-inf"), float("nan")]), ref, 1e-6)
 
 
-def test_launch_names_the_case_and_gives_a_hint():
+@pytest.mark.parametrize("compile_ahead", ["1", "0"])
+def test_launch_names_the_case_and_gives_a_hint(compile_ahead, monkeypatch):
+    """The same line and hint whether the compile for a GPU (interpreter mode) or the launch finds the mistake."""
+    monkeypatch.setenv("FLASHATTN_COMPILE_AHEAD", compile_ahead)
     x = torch.zeros(8, device=runtime.DEVICE)
-    with pytest.raises(ExerciseFailed, match=r"(?s)case 7: your kernel raised .*In line 1 of arange_of_n_kernel: "
+    first = "your kernel is refused" if compile_ahead == "1" and runtime.MODE == "interpreter" else "your kernel raised"
+    with pytest.raises(ExerciseFailed, match=rf"(?s)case 7: .*{first}.*In line 1 of arange_of_n_kernel: "
                        r"offs = tl.arange\(0, N\).*Hint: .*tl.arange, tl.zeros and tl.full take constexpr sizes"):
         launch(arange_of_n_kernel, (1,), x, 8, where="case 7")
 
