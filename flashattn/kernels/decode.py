@@ -39,12 +39,14 @@ MAX_SPLITS = 128  # the merge holds every split of a row in one tile
 
 # The tiles, declarative: (BLOCK_N keys per step, num_warps, num_stages) per padded head dimension; the first that
 # fits the device's shared memory (:func:`shared_bytes`) is the default. tools/gpu/decode/probe.py times them all.
+# Compiled ahead of time (sm_80, sm_90) none spills; on sm_75 (no asynchronous copies: the tiles go through
+# registers) D = 128 spills with 64 keys per step, not with 32.
 TILES = {
     16: [(128, 4, 3), (64, 4, 3)],
     32: [(128, 4, 3), (64, 4, 3)],
     64: [(128, 4, 3), (64, 4, 4), (64, 4, 3), (128, 4, 2)],
-    128: [(64, 4, 3), (128, 4, 3), (64, 4, 4), (128, 8, 2), (32, 4, 4)],
-    256: [(64, 4, 2), (32, 4, 3), (64, 8, 2), (32, 4, 2)],
+    128: [(64, 4, 3), (128, 4, 3), (64, 4, 4), (128, 8, 2), (32, 4, 4), (32, 4, 2)],
+    256: [(64, 4, 2), (32, 4, 3), (64, 8, 2), (32, 4, 2), (16, 4, 2)],
 }
 FLOAT32_TILES = [(32, 4, 2), (64, 4, 2), (16, 4, 2)]  # float32: CUDA-core dots (IEEE)
 INTERPRETER_TILES = (32, 4, 1)  # the CPU interpreter: few, wide steps run faster
@@ -160,7 +162,7 @@ def decode_split_kernel(
         kv_len = seqlen
         seen_by_all = seqlen
     # this split's slice of the keys, in whole blocks: [lo, hi)
-    blocks_per_split = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), num_splits)
+    blocks_per_split = ((kv_len + BLOCK_N - 1) // BLOCK_N + num_splits - 1) // num_splits
     lo = split * blocks_per_split * BLOCK_N
     hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
     mid = tl.maximum(lo, tl.minimum(hi, lo + (seen_by_all - lo) // BLOCK_N * BLOCK_N))  # blocks that need no mask
@@ -230,10 +232,11 @@ class Plan(NamedTuple):
 
 
 def shared_bytes(tiles: tuple, D: int, dtype_bytes: int, block_m: int = 16) -> int:
-    """An estimate of a tile configuration's shared memory: ``num_stages`` K and V tiles in flight, and Q."""
+    """An estimate of a tile configuration's shared memory: ``num_stages − 1`` K and V tiles in flight (Triton's
+    pipeliner keeps that many asynchronous copies going; at least one), and Q. Compiled for sm_90 the kernel uses
+    this or less."""
     block_n, _, num_stages = tiles
-    D_pad = padded_head_dim(D)
-    return (num_stages * 2 * block_n + block_m) * D_pad * dtype_bytes
+    return (max(1, num_stages - 1) * 2 * block_n + block_m) * padded_head_dim(D) * dtype_bytes
 
 
 def tile_configs(D: int, dtype: torch.dtype, shared_memory: int | None = None, mode: str | None = None) -> list:
