@@ -51,7 +51,8 @@ MODULES = {
     "exercises": "flashattn.exercises",
 }
 
-__all__ = ["VARIANTS", "attention", "attention_with_kvcache", "describe", "reference", "runtime", "scaled_dot_product_attention", *MODULES]
+__all__ = ["VARIANTS", "attention", "attention_with_kvcache", "describe", "reference", "runtime",
+           "scaled_dot_product_attention", *MODULES]
 
 
 def __getattr__(name):

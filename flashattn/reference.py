@@ -66,7 +66,8 @@ def reference_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
         k, v = (t.double().transpose(0, 1).repeat_interleave(Hq // Hkv, dim=0) for t in (k, v))  # (Hq, n, D)
         s = q[b].double().transpose(0, 1) @ k.transpose(-1, -2) * scale  # (Hq, Lq, n)
         if causal:
-            hidden = torch.arange(n, device=q.device)[None, :] >= (n - Lq + 1 + torch.arange(Lq, device=q.device))[:, None]
+            limit = n - Lq + 1 + torch.arange(Lq, device=q.device)  # query i sees keys j < limit[i]
+            hidden = torch.arange(n, device=q.device)[None, :] >= limit[:, None]
             s = s.masked_fill(hidden, float("-inf"))
         out[b] = (torch.softmax(s, dim=-1) @ v).transpose(0, 1).to(q.dtype)
     return out

@@ -210,7 +210,7 @@ def check_o_lse_do(q, o, lse, do, *, variant: str) -> None:
 # --- attention over a key/value cache (notebook 15) ----------------------------------------------------------
 
 KVCACHE_HEAD_DIMS = range(1, 257)
-PAGE_MULTIPLE = 16  # a page holds a multiple of 16 keys (a key block of the kernel lies in one page or spans whole ones)
+PAGE_MULTIPLE = 16  # a page holds a multiple of 16 keys
 
 
 def _describe(t) -> str:
