@@ -14,6 +14,8 @@ of the weights, every split weighed alike, exp2 of a natural-log lse, padding la
 partial outputs of empty splits read.
 """
 
+# ruff: noqa: E741  (O: the output, as in flashattn/kernels)
+
 from __future__ import annotations
 
 import dataclasses
