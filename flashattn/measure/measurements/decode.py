@@ -170,21 +170,24 @@ def measure_cell(cell: dict, p: dict, *, copy_gbps: float, timer, rounds: int, f
 def split_curve(shapes, dtype: str, splits, *, device, copy_gbps: float, timer, rounds: int, D: int = 128,
                 page_size: int = PAGE_SIZE) -> list:
     """Time against num_splits (contiguous cache, Lq = 1, Hq = 32) at ``shapes`` (B, Hkv, S): one row per shape
-    with ``splits`` and, in the same order, ``ms``, ``gbps`` and ``share``; and ``rule``, the rule's choice."""
+    with ``splits`` (those given and the rule's choice, ``rule``) and, in the same order, ``ms``, ``gbps`` and
+    ``share``."""
     rows = []
     for B, Hkv, S in shapes:
         cell = dict(dtype=dtype, B=B, S=S, Hq=32, Hkv=Hkv, D=D, Lq=1,
                     cache_bytes=cache_bytes(B, S, Hkv, D, _size(dtype)))
         p = make_problem(cell, device, page_size=page_size)
+        rule = make_plan(B, 1, 32, Hkv, D, S, getattr(torch, dtype), 0, p["q"].device).num_splits
+        timed = sorted({*splits, rule})
         fns = {n: functools.partial(decode_attention, p["q"], p["k"], p["v"], p["seqlens"], num_splits=n)
-               for n in splits}
+               for n in timed}
         for fn in fns.values():
             fn()
         times = time_interleaved(fns, rounds, timer)
-        ms = [statistics.median(times[n]) for n in splits]
+        ms = [statistics.median(times[n]) for n in timed]
         gbps = [cell["cache_bytes"] / (m * 1e-3) / 1e9 for m in ms]
-        rows.append({**cell, "splits": list(splits), "ms": ms, "gbps": gbps, "share": [g / copy_gbps for g in gbps],
-                     "rule": make_plan(B, 1, 32, Hkv, D, S, getattr(torch, dtype), 0, p["q"].device).num_splits})
+        rows.append({**cell, "splits": timed, "ms": ms, "gbps": gbps, "share": [g / copy_gbps for g in gbps],
+                     "rule": rule})
         del p
     return rows
 
