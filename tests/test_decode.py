@@ -139,6 +139,9 @@ def test_tile_configs_fit_the_shared_memory():
             assert configs and all(decode.shared_bytes(t, D, 2 if dtype != torch.float32 else 4) <= 100 * 1024
                                    for t in configs)
     assert decode.tile_configs(128, torch.float16, mode="gpu")[0] == decode.TILES[128][0]
+    # a paged cache gets the deeper pipeline that keeps as many tiles in flight (decode.paged_stages)
+    flat, paged = (decode.make_plan(1, 1, 32, 8, 128, 4096, torch.float16, 0, DEV, (64, 4, 3), p) for p in (0, 1))
+    assert (flat.num_stages, paged.num_stages) == (3, 5)
 
 
 @given(B=st.integers(1, 3), Lq=st.integers(1, 3), group=st.sampled_from([1, 2, 3]), Hkv=st.integers(1, 2),

@@ -268,12 +268,21 @@ def choose_num_splits(programs: int, key_blocks: int, sm_count: int) -> int:
     return max(1, min(wanted, key_blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS))
 
 
+def paged_stages(num_stages: int) -> int:
+    """The pipeline depth a paged cache gets for a configuration's ``num_stages``. The block table's load takes
+    stages of its own: compiled for sm_90, a paged kernel keeps as many K/V tiles in flight with 2·s − 1 stages as a
+    contiguous one with s (3 and 4 stages hold one tile of K and V in flight, 5 two, like 3 without pages)."""
+    return 2 * num_stages - 1
+
+
 @functools.cache
 def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: torch.dtype, num_splits: int,
-              device: torch.device, tiles: tuple | None = None) -> Plan:
+              device: torch.device, tiles: tuple | None = None, paged: bool = False) -> Plan:
     """The launch of one problem (cached: the host's time per call matters when the cache is short)."""
     sm_count, shared_memory = _device_facts(device)
     block_n, num_warps, num_stages = tiles or tile_configs(D, dtype, shared_memory)[0]
+    if paged and num_stages > 1:
+        num_stages = paged_stages(num_stages)
     rows = (Hq // Hkv) * Lq
     block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
     row_blocks = triton.cdiv(rows, block_m)
@@ -301,7 +310,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, ca
     check_kvcache_values(cache_seqlens, block_table, Lq=p["Lq"], capacity=p["capacity"], page_size=p["page_size"],
                          num_pages=p["num_pages"])
     B, Lq, Hq, Hkv, D = p["B"], p["Lq"], p["Hq"], p["Hkv"], p["D"]
-    plan = make_plan(B, Lq, Hq, Hkv, D, p["capacity"], q.dtype, p["num_splits"], q.device, tiles)
+    plan = make_plan(B, Lq, Hq, Hkv, D, p["capacity"], q.dtype, p["num_splits"], q.device, tiles,
+                     block_table is not None)
     if return_partials and plan.num_splits == 1:
         raise ValueError("decode_attention: return_partials needs more than one split (num_splits > 1)")
     seqlens = _seqlens_tensor(cache_seqlens, B, q.device)

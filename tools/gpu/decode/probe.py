@@ -13,7 +13,8 @@ instead of do_bench (the numbers mean nothing there).
    once, replayed after new lengths and queries were written into its inputs, against the eager call.
 2. sweep: fp16 D = 128, Lq = 1, a full contiguous cache, at a few (B, Hkv, S): every tile configuration of
    decode.TILES[128] × numbers of splits around the rule's, and SDPA, in interleaved rounds. Then D = 64 and 256,
-   bf16, and the paged cache (pages of 16, 64, 256 keys) against the contiguous one at the rule's splits.
+   bf16. 3. pages: the paged cache (pages of 16, 64, 256 keys) against the contiguous one at the rule's splits,
+   and at one shape every tile configuration on each (paged ones with decode.paged_stages).
 
 Printed: a correctness table, and per shape SDPA's share of the copy bandwidth and, per tile configuration, the
 share at each number of splits (best marked). $OUT/decode_probe.json (default ./probe_out) holds every number.
@@ -232,7 +233,7 @@ def sweep(bandwidth: float) -> list[dict]:
         shapes, configs, choices = [(1, 2, 128, 16)], [(32, 4, 1), (16, 4, 1)], (1, 2, 4)
     else:
         shapes = [(1, 8, 32768, 128), (1, 8, 131072, 128), (4, 32, 4096, 128), (16, 8, 16384, 128),
-                  (1, 32, 131072, 128), (64, 8, 4096, 128)]
+                  (1, 32, 131072, 128), (64, 8, 4096, 128), (1, 8, 1024, 128), (1, 32, 4096, 128)]
         configs, choices = decode.tile_configs(128, torch.float16, decode._device_facts(DEV)[1]), (1, 4, 8, 16, 32, 64)
         if QUICK:
             shapes = shapes[1:2]
@@ -253,22 +254,30 @@ def sweep(bandwidth: float) -> list[dict]:
     return rows
 
 
-def page_timing(B, Hkv, S, D, pages, bandwidth) -> dict:
+def page_timing(B, Hkv, S, D, pages, bandwidth, configs=()) -> dict:
+    """The default (rule's splits, default tiles) on the contiguous cache and in pages; with ``configs``, also every
+    one of those tile configurations on each (paged: with decode.paged_stages)."""
     k, v = cache(B, S, Hkv, D, torch.float16, seed=3)
     q = torch.randn(B, 1, 32, D, device=DEV, dtype=torch.float16)
     seqlens = torch.full((B,), S, dtype=torch.int32, device=DEV)
     fns = {"contiguous": functools.partial(flashattn.attention_with_kvcache, q, k, v, seqlens)}
+    for tiles in configs:
+        fns[f"contiguous {tiles}"] = functools.partial(decode.decode_attention, q, k, v, seqlens, tiles=tiles)
     for page in pages:
         kp, vp, table = paged(k, v, page, seed=page)
         fns[f"pages of {page}"] = functools.partial(flashattn.attention_with_kvcache, q, kp, vp, seqlens,
                                                     block_table=table)
+        for tiles in configs:
+            fns[f"pages of {page} {tiles}"] = functools.partial(decode.decode_attention, q, kp, vp, seqlens,
+                                                                block_table=table, tiles=tiles)
     for fn in fns.values():
         fn()
     ms = interleaved(fns)
     nbytes = 2 * k.numel() * k.element_size()
     share = {n: nbytes / (m * 1e-3) / 1e9 / bandwidth for n, m in ms.items()}
-    log(f"  B={B} Hkv={Hkv} S={S}: " + ", ".join(f"{n} {s:.0%} ({ms['contiguous'] / ms[n]:.2f}×)"
-                                                 for n, s in share.items()))
+    log(f"  B={B} Hkv={Hkv} S={S} (share of the bandwidth, speed against the default on the contiguous cache):")
+    for n, s in share.items():
+        log(f"      {n:<34}{s:>6.0%}{ms['contiguous'] / ms[n]:>7.2f}×")
     return dict(B=B, Hkv=Hkv, S=S, D=D, share=share, vs_contiguous={n: ms["contiguous"] / m for n, m in ms.items()})
 
 
@@ -276,10 +285,11 @@ def page_sizes(bandwidth: float) -> list[dict]:
     shapes = [(1, 2, 128, 16, (16, 32))] if DRY else [(1, 8, 131072, 128, (16, 64, 256)),
                                                      (16, 8, 16384, 128, (16, 64, 256))]
     rows = []
-    for shape in shapes:
+    for i, shape in enumerate(shapes):
         if over_budget():
             break
-        rows.append(page_timing(*shape, bandwidth))
+        configs = () if DRY or QUICK or i else decode.tile_configs(128, torch.float16, decode._device_facts(DEV)[1])
+        rows.append(page_timing(*shape, bandwidth, configs))
     return rows
 
 
