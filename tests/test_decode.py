@@ -91,6 +91,17 @@ def test_paged_equals_contiguous(dtype, page_size, tiles):
         assert rel_error(out, flat) < TOL[dtype]
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_many_queries_span_several_row_blocks(causal):
+    # Lq = 20 queries of 4 grouped heads: 80 rows, more than one program's MAX_BLOCK_M = 64; each row block cuts its
+    # own key range (causal: the first block's queries see fewer keys)
+    k, v = contiguous_cache(2, 90, 2, 16, torch.float32, seed=11)
+    q = randn(torch.Generator().manual_seed(11), 2, 20, 8, 16)
+    assert decode.make_plan(2, 20, 8, 2, 16, 90, torch.float32, 1, DEV).row_blocks == 2
+    for num_splits in (1, 3):
+        check(q, k, v, lens(20, 90), causal=causal, num_splits=num_splits)
+
+
 def test_head_dims_strides_and_scale():
     gen = torch.Generator().manual_seed(7)
     for D in (40, 256):  # padded to 64 and the largest
