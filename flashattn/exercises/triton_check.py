@@ -22,9 +22,9 @@ import math
 import textwrap
 
 import torch
-from triton.runtime.jit import KernelInterface
 
 from flashattn import runtime
+from flashattn.kernels.triton_compat import KernelInterface
 
 from ._check import ExerciseFailed, _NotAttempted
 
