@@ -44,12 +44,12 @@ def test_nothing_the_code_picks_runs_out_of_resources(results):
 
 def test_the_shared_memory_model_is_close_to_what_triton_gives(results):
     """Tiles are chosen by an estimate before anything is compiled (kernels.device.tile_shared_bytes); the test above
-    checks that every configuration it keeps fits. This one keeps the estimate honest: never more than 5 % below
+    checks that every configuration it keeps fits. This one keeps the estimate honest: never more than 10 % below
     what the compiler asked for (it may be well above: it is conservative where Triton's layout is hard to predict,
     on the CUDA cores of sm_75)."""
     under = [f"{r.kernel} {r.detail} on {r.compiled.target}: estimated {r.estimate}, compiled {r.compiled.shared_bytes}"
              for r in results if r.estimate is not None and r.compiled.shared_bytes is not None
-             and r.compiled.shared_bytes > 1.05 * r.estimate]
+             and r.compiled.shared_bytes > 1.10 * r.estimate]
     assert not under, "\n".join(under)
 
 

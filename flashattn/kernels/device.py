@@ -151,11 +151,11 @@ def tile_shared_bytes(*, element: int, d: int, kept_rows: int, streamed_rows: in
     every configuration the code keeps and checks that it fits): with the tensor cores, the streamed tiles sit
     in the pipeline's buffers (``stages`` of them on sm_90, one fewer on sm_80 to sm_89, two without a
     pipeline) and, below sm_90, an operand made in registers passes through shared memory on its way to the
-    tensor cores; on the CUDA cores a product's two operands go through shared memory as float32, the two largest
+    tensor cores; on the CUDA cores a product's two operands go through shared memory as float32, about the two largest
     products' worth at a time."""
     where = where or target() or TARGETS[(9, 0)]
     if mma and where.tensor_cores:
-        copies = max(stages, 1) if where.hopper else (2 if stages <= 1 else stages - 1)
+        copies = 2 if stages <= 1 else (stages if where.hopper else stages - 1)
         total = element * d * (kept_rows + copies * streamed_rows) + (0 if where.hopper else element * p_elements)
         return total + extra + 1024  # and a little for the pipeline's barriers and reductions
     return sum(sorted((4 * (m * k + k * n) for m, n, k in dots), reverse=True)[:2])

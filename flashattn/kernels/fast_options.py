@@ -163,14 +163,15 @@ def forward_shared_bytes(tiles: tuple, D: int, dtype: torch.dtype, where: device
 
 
 def backward_shared_bytes(kernel: str, tiles: tuple, D: int, dtype: torch.dtype, where: device.Target | None = None,
-                          precision: str = "ieee", atomic: bool = False) -> int:
+                          precision: str = "ieee", atomic: bool = False, teaching: bool = False) -> int:
     """The Triton backward (fast_backward.py, backward.py): the dK/dV kernel keeps K and V and streams Q and dO
     (four products; with ``atomic`` a fifth, dQ, staged as float32), the dQ kernel keeps Q and dO and streams K and
-    V (three products, dS made in registers)."""
+    V (three products, dS made in registers). ``teaching``: backward.py's kernels, whose dK/dV kernel computes P
+    and dS untransposed and hands them to the tensor cores transposed (two more register-made operands)."""
     bm, bn, _, stages = tiles[:4]
     d = padded_head_dim(D)
     if kernel == "dkdv":
-        kept, streamed, p = bn, bm, 0
+        kept, streamed, p = bn, bm, 2 * bm * bn if teaching else 0
         dots = [(bn, bm, d), (bn, d, bm), (bn, bm, d), (bn, d, bm)] + ([(bm, d, bn)] if atomic else [])
     else:
         kept, streamed, p = bm, bn, bm * bn
