@@ -32,12 +32,15 @@ def _collective_device(group) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
-def agree(group, what: str, error: Exception | None, row: list[float], names: list[str]) -> None:
+def agree(group, what: str, error: Exception | None, row: list[float], names: list, hint: str = "") -> None:
     """Every rank passes its own ``error`` (None if its checks passed) and ``row`` (the numbers that must be equal
-    on every rank, named by ``names``); raises the same error on every rank if any rank failed or the rows
-    differ. One all_gather of len(row) + 1 numbers when all is well."""
+    on every rank, named by ``names``: a name, or (name, the values a number indexes)); raises the same error on
+    every rank if any rank failed or the rows differ (``hint`` says then what to do). One all_gather of
+    len(row) + 1 numbers when all is well."""
     world_size = dist.get_world_size(group)
-    mine = torch.tensor([float(error is not None), *([0.0] * len(row) if error is not None else row)],
+    if error is None and len(row) != len(names):
+        raise AssertionError(f"{what}: {len(row)} numbers for {len(names)} names")  # a bug here, not the caller's
+    mine = torch.tensor([float(error is not None), *([0.0] * len(names) if error is not None else row)],
                         dtype=torch.float64, device=_collective_device(group))
     rows = [torch.empty_like(mine) for _ in range(world_size)]
     dist.all_gather(rows, mine, group=group)
@@ -47,17 +50,30 @@ def agree(group, what: str, error: Exception | None, row: list[float], names: li
         messages = [None] * world_size
         dist.all_gather_object(messages, None if error is None else (type(error).__name__, str(error)), group=group)
         kinds = {messages[r][0] for r in failed}
-        cls = TypeError if kinds == {"TypeError"} else ValueError
-        told = "; ".join(f"rank {r}: {messages[r][1]}" for r in failed)
-        raise cls(f"{what}: refused on {len(failed)} of {world_size} ranks (raised on every rank) — {told}")
-    differ = [name for i, name in enumerate(names) if len({values[i + 1] for values in rows}) > 1]
+        by_message = {}
+        for r in failed:
+            by_message.setdefault(messages[r][1], []).append(r)
+        told = "; ".join(f"{_ranks(ranks, world_size)}: {message}" for message, ranks in by_message.items())
+        raise (TypeError if kinds == {"TypeError"} else ValueError)(f"{what} refused its arguments (raised on every "
+                                                                    f"rank) — {told}")
+    names = [(n, None) if isinstance(n, str) else n for n in names]
+    differ = [i for i in range(len(names)) if len({values[i + 1] for values in rows}) > 1]
     if differ:
-        table = "; ".join(f"rank {r}: " + ", ".join(f"{name}={_show(values[i + 1])}" for i, name in enumerate(names)
-                                                      if name in differ) for r, values in enumerate(rows))
-        raise ValueError(f"{what}: the ranks must agree on {', '.join(differ)}, and they do not — {table}")
+        table = "; ".join(f"rank {r}: " + ", ".join(f"{names[i][0]} = {_show(values[i + 1], names[i][1])}"
+                                                    for i in differ) for r, values in enumerate(rows))
+        raise ValueError(f"{what}: every rank must give the same {', '.join(names[i][0] for i in differ)}, and they "
+                         f"do not — {table}{'. ' + hint if hint else ''}")
 
 
-def _show(value: float):
+def _ranks(ranks: list[int], world_size: int) -> str:
+    if len(ranks) == world_size:
+        return "on every rank"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _show(value: float, choices):
+    if choices is not None and float(value).is_integer() and 0 <= value < len(choices):
+        return choices[int(value)]
     return int(value) if float(value).is_integer() else value
 
 
@@ -103,8 +119,9 @@ def check_ring_inputs(q, k, v, *, causal, scale, group, layout, head_dims) -> fl
     except (TypeError, ValueError) as err:
         error = err
     agree(group, what, error, row, ["B", "query heads", "key/value heads", "shard length n", "head dimension D",
-                                    "dtype (index in float16, bfloat16, float32)", "causal",
-                                    "layout (0 contiguous, 1 zigzag)", "scale"])
+                                    ("dtype", DTYPES), ("causal", (False, True)), ("layout", layouts.LAYOUTS), "scale"],
+          hint="Every rank holds a shard of the same length n = N / W of one sequence, and passes the same "
+               "arguments; flashattn.distributed.shard cuts the shards")
     return scale
 
 

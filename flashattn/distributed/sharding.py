@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from . import layouts
-from .checks import agree, check_dim, dtype_code, process_group
+from .checks import DTYPES, agree, check_dim, dtype_code, process_group
 
 MAX_DIMS = 8  # the shapes two ranks compare are padded to this many dimensions
 
@@ -34,7 +34,7 @@ def shard(x: torch.Tensor, dim: int, layout: str = "contiguous", group=None) -> 
         row = [dim, N, layouts.LAYOUTS.index(layout)]
     except (TypeError, ValueError) as err:
         error = err
-    agree(group, what, error, row, ["dim", "sequence length N", "layout (0 contiguous, 1 zigzag)"])
+    agree(group, what, error, row, ["dim", "sequence length N", ("layout", layouts.LAYOUTS)])
     return layouts.local_rows(x, rank, world_size, layout, dim)
 
 
@@ -55,7 +55,7 @@ def unshard(x: torch.Tensor, dim: int, layout: str = "contiguous", group=None) -
                *x.shape, *([-1] * (MAX_DIMS - x.dim()))]
     except (TypeError, ValueError) as err:
         error = err
-    agree(group, what, error, row, ["dim", "layout (0 contiguous, 1 zigzag)", "dtype", "number of dimensions",
+    agree(group, what, error, row, ["dim", ("layout", layouts.LAYOUTS), ("dtype", DTYPES), "number of dimensions",
                                     *(f"size of dim {i}" for i in range(MAX_DIMS))])
     x = x.detach().contiguous()
     gathered = [torch.empty_like(x) for _ in range(world_size)]

@@ -135,7 +135,10 @@ def default_kernels() -> str:
     return "fast" if runtime.MODE == "gpu" else "teaching"
 
 
-def get(name: str | None) -> StepKernels:
+def get(name) -> StepKernels:
+    """The kernels named ``name`` (None: :func:`default_kernels`); a :class:`StepKernels` is returned as it is."""
+    if isinstance(name, StepKernels):
+        return name
     name = default_kernels() if name is None else name
     if name not in KERNELS:
         raise ValueError(f"kernels must be one of {', '.join(map(repr, KERNELS))} (or None: the mode's default), "
