@@ -48,6 +48,7 @@ MODULES = {
     "bench": "flashattn.bench",
     "record": "flashattn.record",
     "exercises": "flashattn.exercises",
+    "distributed": "flashattn.distributed",
 }
 
 __all__ = ["VARIANTS", "attention", "describe", "reference", "runtime", "scaled_dot_product_attention", *MODULES]

@@ -144,3 +144,10 @@ def gather_rows(shards: list, layout: str, dim: int = 2):
         for chunk, part in zip(chunks(rank, world_size, layout), piece.chunk(per, dim=dim), strict=True):
             in_order[chunk] = part
     return torch.cat(in_order, dim=dim)
+
+
+def work(world_size: int, layout: str, causal: bool, n_local: int, block_m: int = 128,
+         block_n: int = 128) -> list[list[int]]:
+    """``work[rank][step]``: the (query block, key block) tiles each rank's kernel visits at each step."""
+    return [[key_blocks(rows(st.q), rows(st.kv), st.causal, block_m, block_n) if st.computes else 0
+             for st in step_plan(r, world_size, n_local, causal=causal, layout=layout)] for r in range(world_size)]
