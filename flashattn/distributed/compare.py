@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from flashattn import runtime
 from flashattn.reference import rel_error
 
 from . import layouts, steps
@@ -32,13 +33,15 @@ def case(**settings) -> dict:
     return {**CASE, **settings}
 
 
-def inputs(c: dict, world_size: int):
-    """The full q, k, v, dO of case ``c`` (the same on every rank: they come from its seed)."""
+def inputs(c: dict, world_size: int, device=None):
+    """The full q, k, v, dO of case ``c`` (the same on every rank: they come from its seed), on ``device`` (default
+    the mode's: the GPU in GPU mode, the CPU in the interpreter and in ``run_gloo``'s processes)."""
     gen = torch.Generator().manual_seed(c["seed"])
     N, dtype = c["n_local"] * world_size, getattr(torch, c["dtype"])
     shapes = [(c["B"], c["Hq"], N, c["D"]), (c["B"], c["Hkv"], N, c["D"]), (c["B"], c["Hkv"], N, c["D"]),
               (c["B"], c["Hq"], N, c["D"])]
-    return [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+    device = runtime.DEVICE if device is None else device
+    return [torch.randn(s, generator=gen).to(device=device, dtype=dtype) for s in shapes]
 
 
 def reference_grads(q, k, v, do, causal):

@@ -71,9 +71,9 @@ def _elapsed_ms(fn, calls: int, device) -> float:
 def time_rounds(fns: dict, device, rounds: int = ROUNDS) -> dict:
     """Median ms per call of each ``fns[name]()``, timed in interleaved rounds."""
     calls = {}
-    for name, fn in fns.items():  # the first call warms up (compiles, tunes) and sets how many calls make ~20 ms
-        first = _elapsed_ms(fn, 1, device)
-        calls[name] = max(1, min(50, round(TARGET_MS / max(first, 1e-3))))
+    for name, fn in fns.items():  # the first call warms up (compiles, tunes); the second sets how many make ~20 ms
+        fn()
+        calls[name] = max(1, min(50, round(TARGET_MS / max(_elapsed_ms(fn, 1, device), 1e-3))))
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():

@@ -13,7 +13,8 @@ value.
 1. correctness: every rank's output and gradients (ring_attention, forward and backward) against one GPU's ``fast``
    on the whole sequence and against float64 attention (the first K/V head and its query heads), fp16 and bf16,
    contiguous and zigzag, causal and not, H=32 with 32 or 8 K/V heads, N_local 8192; then zigzag causal fp16 at
-   N_local 32768 (N = W·32768: the largest this run also computes whole on one GPU); then N_local 131072, where
+   N_local 32768 (N = W·32768: the largest this run also computes whole on one GPU; against that GPU only, the
+   float64 scores of a head would take N² · 8 bytes); then N_local 131072, where
    the whole sequence is only checked on sampled query rows (o and dq of those rows against float64: a row's dq
    needs only its own scores; dk, dv need every row and are not checked there). One H200 would still hold that
    attention in memory (``fast`` stores O(N)); what it cannot do in this run's time is the whole reference.
@@ -72,7 +73,8 @@ GPU = dict(dtypes=("float16", "bfloat16"), H=32, Hkv=(32, 8), D=128, n_check=819
            sampled_rows=64, n_scaling=(8192, 32768), rounds=3)
 TINY = dict(dtypes=("float32", "float16"), H=2, Hkv=(2, 1), D=16, n_check=8, n_large=16, n_beyond=32,
             sampled_rows=4, n_scaling=(8, 16), rounds=2)
-QUICK = dict(TINY, dtypes=("float32",), Hkv=(1,), n_scaling=(8,), rounds=1)  # --cpu --quick: the tests' run
+QUICK = dict(TINY, dtypes=("float32",), Hkv=(1,), n_scaling=(8,), rounds=1,  # --cpu --quick: the tests' run
+             context_parallel=False)
 TARGETS = {True: 0.85, False: 0.90}  # forward+backward efficiency at N_local 32768 on 2 GPUs: causal (zigzag), not
 LOG = []
 
@@ -133,7 +135,12 @@ def float64_heads(q, k, v, do, causal):
     return [o64.detach(), q64.grad, k64.grad, v64.grad], group
 
 
-def check_case(dtype_name, layout, causal, H, Hkv, n_local, D, device, seed) -> dict:
+def check_case(dtype_name, layout, causal, H, Hkv, n_local, D, device, seed, float64: bool = True) -> dict:
+    """Every rank's output and gradients against one GPU on the whole sequence, and (``float64``) both against
+    float64 attention of the first K/V head and its query heads. Without ``float64`` (a sequence whose float64
+    scores would not fit: N² numbers per head), ``ok`` asks the ring to agree with one GPU within 1e-2 (16-bit
+    rounding is ~1e-3; a wrong step or merge is off by far more); ``check_beyond`` then compares sampled rows
+    with float64."""
     from flashattn.distributed import shard
     from flashattn.reference import rel_error
 
@@ -141,20 +148,24 @@ def check_case(dtype_name, layout, causal, H, Hkv, n_local, D, device, seed) -> 
     q, k, v, do = problem(1, H, Hkv, W * n_local, D, dtype, seed, device)
     mine = ring_fwd_bwd(*(shard(t, 2, layout) for t in (q, k, v)), shard(do, 2, layout), causal, layout)
     one = single_fwd_bwd(q, k, v, do, causal)
-    ref, group = float64_heads(q, k, v, do, causal)
-    names = ("o", "dq", "dk", "dv")
-    heads = [group, group, 1, 1]
-    errors = {}
-    for name, x, single, r, h in zip(names, mine, one, ref, heads, strict=True):
-        errors[f"ring_vs_single.{name}"] = rel_error(x, shard(single, 2, layout))
-        errors[f"ring_vs_float64.{name}"] = rel_error(x[:, :h], shard(r, 2, layout))
-        errors[f"single_vs_float64.{name}"] = rel_error(single[:, :h], r)
+    names, keys = ("o", "dq", "dk", "dv"), ["ring_vs_single"]
+    errors = {f"ring_vs_single.{name}": rel_error(x, shard(single, 2, layout))
+              for name, x, single in zip(names, mine, one, strict=True)}
+    if float64:
+        keys += ["ring_vs_float64", "single_vs_float64"]
+        ref, group = float64_heads(q, k, v, do, causal)
+        for name, x, single, r, h in zip(names, mine, one, ref, [group, group, 1, 1], strict=True):
+            errors[f"ring_vs_float64.{name}"] = rel_error(x[:, :h], shard(r, 2, layout))
+            errors[f"single_vs_float64.{name}"] = rel_error(single[:, :h], r)
+        del ref
     errors = max_over_ranks(errors, device)
     row = {"dtype": dtype_name, "layout": layout, "causal": causal, "Hq": H, "Hkv": Hkv, "N": W * n_local,
-           "n_local": n_local, **{key: {n: errors[f"{key}.{n}"] for n in names}
-                                  for key in ("ring_vs_single", "ring_vs_float64", "single_vs_float64")}}
-    row["ok"] = all(row["ring_vs_float64"][n] <= 3 * row["single_vs_float64"][n] + 1e-4 for n in names)
-    del q, k, v, do, mine, one, ref
+           "n_local": n_local, **{key: {n: errors[f"{key}.{n}"] for n in names} for key in keys}}
+    if float64:
+        row["ok"] = all(row["ring_vs_float64"][n] <= 3 * row["single_vs_float64"][n] + 1e-4 for n in names)
+    else:
+        row["ok"] = all(row["ring_vs_single"][n] < 1e-2 for n in names)
+    del q, k, v, do, mine, one
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -439,23 +450,28 @@ def main() -> int:
                 f"{row['efficiency_forward']:.2f} / {row['efficiency_forward_backward']:.2f}"
                 + (f" (target {row['target_forward_backward']}: {'met' if row['meets_target'] else 'NOT met'})"
                    if "target_forward_backward" in row else "") + f" ({time.perf_counter() - t0:.0f} s)")
-            cp_rows = context_parallel_row(n_local, causal, cfg, device, row, extra["local"])
+            if cfg.get("context_parallel", True):
+                cp_rows = context_parallel_row(n_local, causal, cfg, device, row, extra["local"])
+            else:  # on the CPU torch's context_parallel fails anyway (it dispatches SDPA's CUDA kernels), slowly
+                cp_rows = [{"n_local": n_local, "causal": causal, "rotate": rotate,
+                            "error": "skipped (--cpu --quick): context_parallel needs CUDA"}
+                           for rotate in ("allgather", "alltoall")]
             result["context_parallel"].extend(cp_rows)
             for cp in cp_rows:
                 log(f"[context_parallel] N_local={n_local} {'causal' if causal else 'full'} {cp['rotate']}: "
                     + (cp["error"] if "error" in cp else
                        f"{cp['torch_forward_backward_ms']:.2f} ms (ours {cp['ours_forward_backward_ms']:.2f}), peak "
                        f"{cp['torch_peak_bytes'] / 2**30:.2f} GiB (ours {cp['ours_peak_bytes'] / 2**30:.2f}), "
-                       f"vs ours {cp['torch_vs_ours']:.1e}"))
+                       f"vs ours {cp['torch_vs_ours']:.1e}") + f" ({time.perf_counter() - t0:.0f} s)")
             if causal and n_local == max(cfg["n_scaling"]):
                 last_local = extra["local"]
     if last_local is not None and within_budget("the profiler timeline"):
         result["overlap"] = overlap(max(cfg["n_scaling"]), cfg, device, last_local)
-        log(f"[overlap] {result['overlap']}")
+        log(f"[overlap] {result['overlap']} ({time.perf_counter() - t0:.0f} s)")
     del last_local
     if within_budget(f"the check at N_local={cfg['n_large']}"):
         row = check_case(cfg["dtypes"][0], "zigzag", True, cfg["H"], cfg["Hkv"][0], cfg["n_large"], cfg["D"], device,
-                         999)
+                         999, float64=False)
         result["correctness"].append(row)
         log(f"[check] largest whole: N={row['N']} {'ok' if row['ok'] else 'NOT OK'} ({time.perf_counter() - t0:.0f} s)")
     if within_budget(f"the sampled check at N_local={cfg['n_beyond']}"):
