@@ -181,9 +181,9 @@ class _RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
-def ring_attention_with(kernels: str | None, q, k, v, *, causal=False, scale=None, group=None, layout="contiguous"):
-    """:func:`ring_attention` with a choice of step kernels: ``"fast"``, ``"teaching"`` or None (the mode's
-    default, ``steps.default_kernels``). The tests run both sets in the interpreter."""
+def ring_attention_with(kernels, q, k, v, *, causal=False, scale=None, group=None, layout="contiguous"):
+    """:func:`ring_attention` with a choice of step kernels: ``"fast"``, ``"teaching"``, a ``steps.StepKernels`` or
+    None (the mode's default, ``steps.default_kernels``). The tests run both sets in the interpreter."""
     step_kernels = steps.get(kernels)
     scale = check_ring_inputs(q, k, v, causal=causal, scale=scale, group=group, layout=layout,
                               head_dims=step_kernels.head_dims)
