@@ -49,6 +49,7 @@ MODULES = {
     "bench": "flashattn.bench",
     "record": "flashattn.record",
     "exercises": "flashattn.exercises",
+    "distributed": "flashattn.distributed",
 }
 
 __all__ = ["VARIANTS", "attention", "attention_with_kvcache", "describe", "reference", "runtime",

@@ -246,3 +246,45 @@ def bank_widget(**overrides) -> FigureWidget:
         control.continuous_update = False
     rows = [["D", "dtype", "access_bytes"], ["layout", "padding", "swizzle"]]
     return FigureWidget(bank_view, controls, rows)
+
+
+# --- ring attention: the work per rank (notebook 16) ------------------------------------------
+
+# this section's own imports, kept with the section
+from flashattn.distributed import layouts as ring_layouts  # noqa: E402
+from flashattn.teaching.ring_plots import plot_ownership, plot_work  # noqa: E402
+
+RING_WORLD_SIZES = (2, 3, 4, 8)
+
+
+def ring_work_defaults() -> dict:
+    """Default widget settings: 4 ranks, the contiguous layout, causal, 8192 positions per rank, 128×128 tiles."""
+    return dict(world_size=4, layout="contiguous", causal=True, n_local=8192, block=128)
+
+
+def ring_work_view(world_size, layout, causal, n_local=8192, block=128):
+    """The pure computation behind :func:`ring_work_widget`: ``(figure, summary)``. ``summary``: ``blocks`` (per
+    rank), ``imbalance`` (the busiest rank's blocks / the mean: the ring waits for the busiest), ``text``."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.4, 4.0))
+    plot_ownership(world_size, layout, ax=left)
+    plot_work(world_size, layout, causal, n_local, block, ax=right)
+    fig.tight_layout()
+    blocks = [sum(row) for row in ring_layouts.work(world_size, layout, causal, n_local, block, block)]
+    imbalance = max(blocks) / (sum(blocks) / len(blocks))
+    text = (f"{layout}, W={world_size}, {'causal' if causal else 'no mask'}: key blocks per rank "
+            f"{', '.join(map(str, blocks))}; the busiest rank does {imbalance:.2f}× the mean")
+    return fig, {"blocks": blocks, "imbalance": imbalance, "text": text}
+
+
+def ring_work_widget(**overrides) -> FigureWidget:
+    """Dropdowns (ranks, layout) and a causal checkbox over :func:`ring_work_view`."""
+    settings = _settings(ring_work_defaults(), overrides, "ring_work_widget")
+    controls = {
+        "world_size": _dropdown(RING_WORLD_SIZES, settings["world_size"], "ranks W"),
+        "layout": _dropdown(ring_layouts.LAYOUTS, settings["layout"], "layout"),
+        "causal": widgets.Checkbox(value=settings["causal"], description="causal"),
+    }
+    return FigureWidget(ring_work_view, controls, [["world_size", "layout", "causal"]], n_local=settings["n_local"],
+                        block=settings["block"])
