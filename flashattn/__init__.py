@@ -19,6 +19,7 @@ import importlib
 from . import runtime  # noqa: I001  (must come before the kernels)
 from .functional import attention, scaled_dot_product_attention
 from .kernels import VARIANTS
+from .masking import attention_varlen
 from .reference import reference
 from .runtime import describe
 
@@ -50,7 +51,8 @@ MODULES = {
     "exercises": "flashattn.exercises",
 }
 
-__all__ = ["VARIANTS", "attention", "describe", "reference", "runtime", "scaled_dot_product_attention", *MODULES]
+__all__ = ["VARIANTS", "attention", "attention_varlen", "describe", "reference", "runtime",
+           "scaled_dot_product_attention", *MODULES]
 
 
 def __getattr__(name):
