@@ -59,3 +59,4 @@ def test_every_kernel_of_a_cell_computes_the_same(problem, monkeypatch):
     grads = masks.timed(fns["ours"], q, k, v, do, training=True)()
     ref_grads = masks.timed(fns["sdpa"], q, k, v, do, training=True)()
     assert max(rel_error(g, r) for g, r in zip(grads, ref_grads, strict=True)) < 1e-5
+    assert len(masks.timed(fns["fast_full"], q, k, v, do, training=True)()) == 3  # the baseline has gradients too
