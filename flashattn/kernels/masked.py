@@ -75,11 +75,19 @@ def _masked_step(acc, li, mi, s2, vj, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _window_rows(offs_m, L_doc, off, left, right):
+    """Each query's first and last key: query i sees key j iff i + off - left <= j <= i + off + right (rows past the
+    document's end see none: first > last). Per row, so that a tile's mask is two broadcast comparisons."""
+    first = tl.where(offs_m < L_doc, offs_m + off - left, 2147483647)
+    return first, offs_m + off + right
+
+
+@triton.jit
 def _window_keep(offs_m, offs_n, L_doc, S_doc, off, left, right):
-    """(rows, keys) pairs that take part: query i sees key j iff i + off - left <= j <= i + off + right, both
-    inside the document."""
-    d = offs_n[None, :] - offs_m[:, None]
-    return (d >= off - left) & (d <= off + right) & (offs_m[:, None] < L_doc) & (offs_n[None, :] < S_doc)
+    """(rows, keys) pairs that take part, as a (rows, keys) tile."""
+    first, last = _window_rows(offs_m, L_doc, off, left, right)
+    return ((offs_n[None, :] >= first[:, None]) & (offs_n[None, :] <= last[:, None])
+            & (offs_n < S_doc)[None, :])
 
 
 @triton.jit
@@ -230,12 +238,20 @@ def attn_fwd_window(
 
 @triton.jit
 def mask_scores(sij, MASK_TILE, offs_m, offs_n, L, S, stride_mm, stride_mn, qk_scale,
-                MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr):
+                MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, TRANSPOSED: tl.constexpr = False):
     """Raw scores of a partial tile, scaled to base 2 with the element mask applied: a boolean mask (MASK_KIND 1,
     stored as bytes) keeps the True pairs; a float mask (2) is added to the scaled scores, in natural units as
-    torch adds it; pairs outside L × S (and, with CAUSAL, right of the diagonal) get -inf."""
-    inside = (offs_m[:, None] < L) & (offs_n[None, :] < S)
-    ptrs = MASK_TILE + offs_m.to(tl.int64)[:, None] * stride_mm + offs_n.to(tl.int64)[None, :] * stride_mn
+    torch adds it; pairs outside L × S (and, with CAUSAL, right of the diagonal) get -inf. ``TRANSPOSED``: the
+    tile is (keys, rows), as the dK/dV kernel holds it; the mask is read that way round, not transposed."""
+    rows = MASK_TILE + offs_m.to(tl.int64) * stride_mm  # a pointer per row: the tile adds int32 key offsets
+    if TRANSPOSED:
+        inside = (offs_n < S)[:, None] & (offs_m < L)[None, :]
+        ptrs = rows[None, :] + (offs_n * stride_mn)[:, None]
+        before = offs_n[:, None] <= offs_m[None, :]
+    else:
+        inside = (offs_m < L)[:, None] & (offs_n < S)[None, :]
+        ptrs = rows[:, None] + (offs_n * stride_mn)[None, :]
+        before = offs_n[None, :] <= offs_m[:, None]
     if MASK_KIND == 1:
         s2 = tl.where(tl.load(ptrs, mask=inside, other=0) != 0, sij * qk_scale, float("-inf"))
     else:
@@ -245,7 +261,7 @@ def mask_scores(sij, MASK_TILE, offs_m, offs_n, L, S, stride_mm, stride_mn, qk_s
         bias = tl.where(bias == float("-inf"), bias, tl.maximum(bias, -1e30))
         s2 = sij * qk_scale + bias * LOG2_E
     if CAUSAL:
-        s2 = tl.where(offs_n[None, :] <= offs_m[:, None], s2, float("-inf"))
+        s2 = tl.where(before, s2, float("-inf"))
     return s2
 
 

@@ -28,6 +28,7 @@ from .constants import LOG2_E
 from .fast import _load_rows
 from .masked import (
     _window_keep,
+    _window_rows,
     _window_stages,
     block_table,
     doc_bounds,
@@ -127,9 +128,10 @@ def _dkdv_window_blocks(dkj, dvj, kj, vj, Q, DO, LSE, DELTA, lo, hi, offs_n, L_d
         doi = _load_rows(DO, 0, start_m, L_doc, stride_don, stride_dod, BLOCK_M, D, D_PAD, False)
         lse_i, delta_i = _row_stats(LSE, DELTA, offs_m, L_doc, stride_dn)
         s2T = tl.dot(kj, tl.trans(qi), input_precision=PRECISION) * qk_scale
-        if MASK:
-            s2T = tl.where(tl.trans(_window_keep(offs_m, offs_n, L_doc, S_doc, off, left, right)), s2T,
-                           float("-inf"))
+        if MASK:  # the window's mask, keys along the rows (built that way round, not transposed)
+            first, last = _window_rows(offs_m, L_doc, off, left, right)
+            keepT = (offs_n[:, None] >= first[None, :]) & (offs_n[:, None] <= last[None, :])
+            s2T = tl.where(keepT, s2T, float("-inf"))  # keys past S_doc: rows of dK and dV that are not stored
         dkj, dvj = _dkdv_step(dkj, dvj, s2T, qi, doi, vj, lse_i, delta_i, PRECISION)
     return dkj, dvj
 
@@ -187,7 +189,7 @@ def bwd_dkdv_window(
     dkj = tl.zeros([BLOCK_N, D_PAD], tl.float32)
     dvj = tl.zeros([BLOCK_N, D_PAD], tl.float32)
     lo, f_lo, f_hi, hi = _window_q_stages(n0, L_doc, S_doc, off, left, right, BLOCK_M, BLOCK_N)
-    for g in range(0, GROUP):
+    for g in range(0, GROUP):  # a loop, not unrolled: unrolled, GQA's dK/dV kernels spill more (sm_90)
         h64 = hk64 * GROUP + g
         q_head = Q + b64 * stride_qb + h64 * stride_qh + q0 * stride_qn
         do_head = DO + b64 * stride_dob + h64 * stride_doh + q0 * stride_don
@@ -276,8 +278,8 @@ def _dkdv_listed(dkj, dvj, kj, vj, Q, DO, LSE, DELTA, MASK, IDX, n, offs_n, L, S
         if MASK_KIND == 0:
             s2T = sT * qk_scale
         else:
-            s2T = tl.trans(mask_scores(tl.trans(sT), MASK, offs_m, offs_n, L, S, stride_mm, stride_mn, qk_scale,
-                                       MASK_KIND, CAUSAL))
+            s2T = mask_scores(sT, MASK, offs_m, offs_n, L, S, stride_mm, stride_mn, qk_scale, MASK_KIND, CAUSAL,
+                              TRANSPOSED=True)
         dkj, dvj = _dkdv_step(dkj, dvj, s2T, qi, doi, vj, lse_i, delta_i, PRECISION)
     return dkj, dvj
 
