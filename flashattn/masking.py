@@ -125,8 +125,9 @@ def _reach(side: int) -> int:
 
 
 def _unique(mask4: torch.Tensor) -> torch.Tensor:
-    """The (B, H) dimensions of a (B, H, L, S) mask view that it broadcasts along, as size 1 (nothing expanded)."""
-    return mask4[tuple(slice(0, 1) if mask4.stride(i) == 0 else slice(None) for i in range(2))]
+    """The dimensions of a (B, H, L, S) mask view that it broadcasts along (zero strides), as size 1: the
+    classification reads each element of the mask once, not once per head or per query."""
+    return mask4[tuple(slice(0, 1) if mask4.stride(i) == 0 else slice(None) for i in range(4))]
 
 
 def _tables(spec: Spec, L: int, S: int, tiles) -> mask_blocks.BlockTables:

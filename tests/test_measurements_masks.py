@@ -60,3 +60,19 @@ def test_every_kernel_of_a_cell_computes_the_same(problem, monkeypatch):
     ref_grads = masks.timed(fns["sdpa"], q, k, v, do, training=True)()
     assert max(rel_error(g, r) for g, r in zip(grads, ref_grads, strict=True)) < 1e-5
     assert len(masks.timed(fns["fast_full"], q, k, v, do, training=True)()) == 3  # the baseline has gradients too
+
+
+def test_groups_of_a_run_and_the_rows_it_keeps(monkeypatch):
+    monkeypatch.setenv("FLASHATTN_MASKS_GROUPS", "float16:64,bfloat16:64")
+    assert masks.chosen_groups() == (("float16", 64), ("bfloat16", 64))
+    monkeypatch.setenv("FLASHATTN_MASKS_GROUPS", "float32:64")
+    with pytest.raises(ValueError, match="not in"):
+        masks.chosen_groups()
+    monkeypatch.delenv("FLASHATTN_MASKS_GROUPS")
+    assert masks.chosen_groups() == masks.GROUPS
+    previous = {"recorded_at": "then", "rows": [{"dtype": "float16", "D": 128, "x": 1}, {"dtype": "float16", "D": 64},
+                                                {"dtype": "bfloat16", "D": 64, "measured_at": "before"}]}
+    monkeypatch.setattr(masks.recorded, "find", lambda name, gpu=None: previous)
+    kept = masks._carried_rows({("float16", 128)})
+    assert kept == [{"dtype": "float16", "D": 64, "measured_at": "then"},
+                    {"dtype": "bfloat16", "D": 64, "measured_at": "before"}]

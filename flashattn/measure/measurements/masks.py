@@ -17,12 +17,15 @@ our time per computed tile over ``fast_full``'s time per tile of its problem (1:
 
 The cut (to fit about 6 minutes on an H200, most of it FlexAttention's compiles: one forward and one backward
 per (mask kind, N, dtype, D), the windows of one N sharing them): cells run in groups by (dtype, D), fp16 D = 128
-first, and a group that would start past :data:`BUDGET_S` is skipped and listed in ``skipped``.
+first; a group that would start past :data:`BUDGET_S` is skipped and listed in ``skipped``, and
+``FLASHATTN_MASKS_GROUPS`` measures the others in a later run, which keeps the rows of the groups it does not
+measure (so two runs of 6 minutes fill the table). SDPA's dense mask only up to N = 16k.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import statistics
 import time
@@ -33,6 +36,7 @@ from flashattn import runtime
 from flashattn.functional import attention, scaled_dot_product_attention
 from flashattn.kernels import mask_blocks, masked
 from flashattn.masking import attention_varlen
+from flashattn.measure import recorded
 from flashattn.record import measurement
 from flashattn.reference import rel_error
 
@@ -221,8 +225,11 @@ def reference_rows(p: Problem, q, k, v, rows: int = 256) -> tuple[int, slice, to
     """Float64 output of the last ``rows`` queries of head 0 of the batch with the fewest valid keys."""
     b = min(range(p.B), key=lambda i: p.lengths[i]) if p.kind == "padding" else 0
     sl = slice(p.N - rows, p.N)
-    mask = dense_mask(p, q.device)
-    mask = mask[b, 0, 0][None, :] if p.kind == "padding" else mask[sl]
+    if p.kind == "window":  # only these rows of the mask (at N = 64k the whole one is 4 GB)
+        mask = mask_blocks.window_mask(rows, p.N, (p.window - 1, 0), causal=True, offset=p.N - rows, device=q.device)
+    else:
+        mask = dense_mask(p, q.device)
+        mask = mask[b, 0, 0][None, :] if p.kind == "padding" else mask[sl]
     s = (q[b, 0, sl].double() @ k[b, 0].double().T) * q.shape[-1] ** -0.5
     return b, sl, torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v[b, 0].double()
 
@@ -252,10 +259,12 @@ def measure_cell(p: Problem, dtype_name: str, D: int, training: bool, fns: dict,
     calls = {name: timed(fn, q, k, v, do, training) for name, fn in fns.items()
              if not (name == "fast_full" and full_key in full_ms)}
     b, sl, ref = reference_rows(p, q, k, v)
-    outputs = {}
+    outputs, row["first_call_s"] = {}, {}
     for name, call in list(calls.items()):  # compile outside the timing, and check what is timed
         try:
+            t0 = time.perf_counter()
             out = call()
+            row["first_call_s"][name] = time.perf_counter() - t0  # FlexAttention's: mostly its compile
             outputs[name] = out
             if not training and name in ("ours", "flex"):
                 row["rel_error"][name] = rel_error(out[b, 0, sl], ref)
@@ -285,9 +294,31 @@ def measure_cell(p: Problem, dtype_name: str, D: int, training: bool, fns: dict,
     return row
 
 
+def chosen_groups() -> tuple:
+    """``FLASHATTN_MASKS_GROUPS`` ("float16:64,bfloat16:64"): the (dtype, D) groups to measure in this run (default:
+    all, in :data:`GROUPS`' order); the others keep their rows from the previous recording."""
+    wanted = os.environ.get("FLASHATTN_MASKS_GROUPS", "").strip()
+    if not wanted:
+        return GROUPS
+    groups = tuple((g.split(":")[0], int(g.split(":")[1])) for g in wanted.split(","))
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        raise ValueError(f"FLASHATTN_MASKS_GROUPS: {unknown} not in {GROUPS}")
+    return groups
+
+
+def _carried_rows(measured: set) -> list[dict]:
+    """The previous recording's rows of the groups not measured in this run, marked with when they were."""
+    previous = recorded.find("masks_vs_flex", gpu=runtime.gpu_name())
+    if previous is None:
+        return []
+    return [{**row, "measured_at": row.get("measured_at", previous["recorded_at"])} for row in previous["rows"]
+            if (row["dtype"], row["D"]) not in measured]
+
+
 @measurement("masks_vs_flex", description="masked attention (windows, documents, padding) vs FlexAttention and SDPA: "
              "fp16/bf16, D 64/128, N 16k/64k, forward and forward+backward")
-def masks_vs_flex(groups=GROUPS, budget_s: float = BUDGET_S, cells=None) -> dict:
+def masks_vs_flex(groups=None, budget_s: float = BUDGET_S, cells=None) -> dict:
     import torch._dynamo
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -297,11 +328,12 @@ def masks_vs_flex(groups=GROUPS, budget_s: float = BUDGET_S, cells=None) -> dict
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
     flex = torch.compile(flex_attention, dynamic=False)
     state, mods = flex_mask_mods(runtime.DEVICE)
-    t0, rows, skipped, full_ms = time.perf_counter(), [], [], {}
-    for dtype_name, D in groups:
+    t0, rows, skipped, full_ms, measured = time.perf_counter(), [], [], {}, set()
+    for dtype_name, D in groups or chosen_groups():
         if time.perf_counter() - t0 > budget_s:
             skipped.append({"dtype": dtype_name, "D": D, "reason": f"past the budget of {budget_s:.0f} s"})
             continue
+        measured.add((dtype_name, D))
         for training in (False, True):
             for p in cells or problems():
                 row = measure_cell(p, dtype_name, D, training, kernels(p, runtime.DEVICE, state, mods, flex), full_ms)
@@ -310,11 +342,16 @@ def masks_vs_flex(groups=GROUPS, budget_s: float = BUDGET_S, cells=None) -> dict
                       + ", ".join(f"{n} {t:.3f} ms" for n, t in row["ms"].items())
                       + (f"; ×flex {row['vs'].get('flex', 0):.2f}" if "vs" in row else "")
                       + (f"; errors {row['errors']}" if row["errors"] else ""), flush=True)
-    return {"rows": rows, "skipped": skipped, "heads": HEADS, "rounds": ROUNDS, "seconds": time.perf_counter() - t0,
+    carried = _carried_rows(measured)
+    skipped = [g for g in skipped if not any((r["dtype"], r["D"]) == (g["dtype"], g["D"]) for r in carried)]
+    return {"rows": rows + carried, "skipped": skipped, "heads": HEADS, "rounds": ROUNDS,
+            "seconds": time.perf_counter() - t0,
             "flop_convention": "4·D FLOP per (query, key) pair the mask keeps, per head; forward+backward 3.5×",
             "notes": "per cell, every kernel timed on the same inputs in interleaved rounds (do_bench medians, each "
                      "kernel's median over the rounds); vs: the kernel's time over ours (> 1: ours faster); flex: "
                      "torch.compile'd flex_attention, its BlockMask built once per cell; sdpa: the dense mask, up to "
                      f"N = {SDPA_MAX_N} (padding: its (B, 1, 1, S) broadcast at any N); fast_full: fast on the whole "
                      "length, causal but for padding, timed in the first cell of its problem; sliding windows: each "
-                     "query sees its last W keys (window=(W - 1, 0), causal)"}
+                     "query sees its last W keys (window=(W - 1, 0), causal); rows with measured_at come from an "
+                     "earlier run of this measurement (FLASHATTN_MASKS_GROUPS chooses the groups a run measures); "
+                     "first_call_s: each kernel's first call in the cell (FlexAttention's compile)"}
