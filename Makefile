@@ -4,19 +4,36 @@
 # Other targets: make setup, make record and make bench (on a GPU), make figures, make gpu-test (on a GPU),
 # make lint, make clean.
 
+# Triton publishes no wheels for macOS or Windows: there the course runs in a Linux container (README, "On a Mac or
+# Windows"). Stop at once with that route rather than a pip error halfway through the set-up.
+ifeq ($(OS),Windows_NT)
+PLATFORM ?= Windows
+else
+PLATFORM ?= $(shell uname -s)
+endif
+ifneq ($(filter Darwin Windows% MINGW% MSYS% CYGWIN%,$(PLATFORM)),)
+$(error This course needs Linux: Triton has no wheels for $(PLATFORM). Open it in the container instead: \
+  open this folder in VS Code and choose "Reopen in Container" (.devcontainer/), or run \
+  `docker build -t flashattn-course . && docker run --rm -it -p 127.0.0.1:8888:8888 flashattn-course` \
+  and open the URL it prints. README.md, "On a Mac or Windows", says more)
+endif
+
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-# With an NVIDIA GPU, PyPI's default torch (a CUDA build). Without one, a CPU build is enough:
-# TORCH_SPEC names it, and TORCH_INDEX can point pip at PyTorch's CPU wheel index
-# (make test TORCH_INDEX=https://download.pytorch.org/whl/cpu).
+# With an NVIDIA GPU, torch 2.11.0 (PyPI's CUDA 13 build, with Triton 3.6.0): the pair every kernel was run,
+# checked and timed with on the H200 (README, "Versions"). Without one, torch 2.13.0 (a CPU build is enough;
+# pip then takes the newest Triton the course allows, 3.9, which CI compiles every kernel with for sm_75 to
+# sm_90). TORCH_SPEC chooses another version; TORCH_INDEX points pip at another wheel index
+# (make test TORCH_INDEX=https://download.pytorch.org/whl/cpu for PyTorch's small CPU-only build).
 HAS_GPU    := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
-TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
+TORCH_SPEC ?= $(if $(HAS_GPU),torch==2.11.0,torch==2.13.0)
 TORCH_INDEX ?=
 PIP        := $(BIN)/python -m pip
 ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root)  # Jupyter refuses root (containers) without it
+LAB_IP     ?= 127.0.0.1  # the container listens on 0.0.0.0 (its port is published to the host's localhost only)
 PIP_QUIET  := --quiet --disable-pip-version-check
 
 .PHONY: setup lab test unit notebooks record bench lint clean figures gpu-test
@@ -34,7 +51,7 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(BIN)/python -m ipykernel install --user --name flashattn-course --display-name "Python (flashattn course)" >/dev/null
 	$(BIN)/python -c "import flashattn; print(flashattn.describe())"
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser --ServerApp.root_dir=notebooks $(ROOT_FLAG)
+	$(BIN)/jupyter lab --ServerApp.ip=$(LAB_IP) --no-browser --ServerApp.root_dir=notebooks $(ROOT_FLAG)
 
 # Every test and every notebook. The notebooks run twice: under nbmake here, and in a fresh clone by the book
 # test (tests/test_book.py), which also checks that running them left that clone clean. The clean-clone test of

@@ -31,6 +31,14 @@ if "TRITON_INTERPRET" not in os.environ and not HAS_GPU:
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 MODE = "interpreter" if INTERPRET else "gpu"
 DEVICE = torch.device("cuda" if MODE == "gpu" and HAS_GPU else "cpu")
+# the GPU's compute capability, e.g. (9, 0) for an H200 (None without one); flashattn.kernels.device says what
+# each capability has (tensor cores from (8, 0), bfloat16 from (8, 0), TMA and wgmma at (9, 0))
+CAPABILITY = tuple(torch.cuda.get_device_capability(0)) if HAS_GPU else None
+# the dtypes the kernels take in this mode: bfloat16 needs a GPU of sm_80 or newer, and the interpreter refuses it
+# (its bfloat16 dot is wrong); HALF is the 16-bit type a model trains in here (bfloat16 where there is one)
+_BF16 = MODE == "gpu" and CAPABILITY is not None and CAPABILITY >= (8, 0)
+DTYPES = (torch.float32, torch.float16) + ((torch.bfloat16,) if _BF16 else ())
+HALF = torch.bfloat16 if _BF16 else torch.float16
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,7 @@ def describe() -> str:
     import triton
 
     if MODE == "gpu":
-        major, minor = torch.cuda.get_device_capability(0)
+        major, minor = CAPABILITY
         where = f"GPU mode on {gpu_name()} (sm_{major}{minor})"
     else:
         where = "interpreter mode (Triton interpreter on the CPU" + (

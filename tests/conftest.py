@@ -128,3 +128,14 @@ def _write_durations() -> None:
         old = json.loads(path.read_text()) if path.exists() else {}
         merged = {**old, **{f: round(s, 1) for f, s in _seconds_per_file.items()}}  # a part updates its own files
         path.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The compile-check table (tests/test_compile_targets.py), where CI's log shows it."""
+    table = Path(__file__).resolve().parent.parent / "build" / "compile_targets.md"
+    if table.exists() and not os.environ.get("PYTEST_XDIST_WORKER") and table.stat().st_mtime > _STARTED:
+        terminalreporter.write_sep("=", "kernels compiled for each GPU target (build/compile_targets.md)")
+        terminalreporter.write_line(table.read_text())
+
+
+_STARTED = __import__("time").time()

@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flashattn import VARIANTS, reference, runtime
-from flashattn.kernels import fast_launch, fast_options
+from flashattn.kernels import device, fast_options, tuner
 from flashattn.kernels.fast import (
     GLUON_SPACE,
+    Problem,
     attention_fast,
     default_options,
     gluon_available,
@@ -173,7 +174,13 @@ def test_options_are_a_frozen_dataclass_checked_once():
     assert fast_options.resolve(torch.float16, 64, False, {"block_m": 32, "block_n": 32}) is opts  # remembered
     with pytest.raises(AttributeError):
         opts.block_m = 64
-    assert set(default_options(torch.float16, 64, mode="gpu")) == {f.name for f in dataclasses.fields(FastOptions)}
+    backward_only = {"dq_mode", "dkdv_tiles", "dq_tiles"}
+    forward_fields = {f.name for f in dataclasses.fields(FastOptions)} - backward_only
+    assert set(default_options(torch.float16, 64, mode="gpu")) == forward_fields
+    # one options type for both directions: the backward's are the same frozen dataclass, remembered the same way
+    backward = fast_options.resolve_backward(torch.float16, 64, {"dkdv_tiles": (32, 32, 4, 1)})
+    assert isinstance(backward, FastOptions) and backward.dkdv_tiles == (32, 32, 4, 1) and backward.block_m == 32
+    assert fast_options.resolve_backward(torch.float16, 64, {"dkdv_tiles": (32, 32, 4, 1)}) is backward
 
 
 @INTERPRETER
@@ -246,14 +253,14 @@ def test_tuning_space_is_valid():
 
 def test_causal_candidates_are_pruned():
     base = FastOptions(gluon=True, autotune=True, block_m=64, block_n=128, num_warps=4, num_stages=2, use_tma=True)
-    causal = fast_launch.candidates(base, 64, torch.float16, causal=True)
+    causal = fast_options.candidates(base, 64, torch.float16, causal=True)
     assert causal and all(c.consumers != 3 and not c.autotune for c in causal)
-    assert any(c.consumers == 3 for c in fast_launch.candidates(base, 64, torch.float16, causal=False))
+    assert any(c.consumers == 3 for c in fast_options.candidates(base, 64, torch.float16, causal=False))
     # the Gluon kernel masks any key block that crosses the diagonal: its 128-key, two-consumer programs stay
     assert any(c.block_n > c.block_m and c.schedule != "single"
-               for c in fast_launch.candidates(base, 128, torch.float16, causal=True))
+               for c in fast_options.candidates(base, 128, torch.float16, causal=True))
     triton_base = FastOptions(gluon=False, autotune=True, block_m=64, block_n=64, num_warps=4, num_stages=2)
-    assert all(c.block_n <= c.block_m for c in fast_launch.candidates(triton_base, 64, torch.float16, causal=True))
+    assert all(c.block_n <= c.block_m for c in fast_options.candidates(triton_base, 64, torch.float16, causal=True))
 
 
 def test_autotuning_interleaves_rounds_against_clock_drift(monkeypatch):
@@ -268,13 +275,13 @@ def test_autotuning_interleaves_rounds_against_clock_drift(monkeypatch):
         calls.append(fn.args[0])
         return true_ms[fn.args[0]] * (1 + 0.05 * len(calls))
 
-    monkeypatch.setattr(fast_launch.triton.testing, "do_bench", drifting_do_bench)
+    monkeypatch.setattr(tuner.triton.testing, "do_bench", drifting_do_bench)
     ran = []
-    best, medians = fast_launch._tune(["a", "b", "c"], ran.append)
+    best, medians = tuner.tune(["a", "b", "c"], ran.append)
     assert best == "b" and set(medians) == {"a", "b", "c"}
     assert ran[:3] == ["a", "b", "c"]  # each compiled (run once) before any timing
     assert calls[:6] == ["a", "b", "c", "c", "b", "a"]  # the order alternates from round to round
-    assert len(calls) == 3 * fast_launch.TUNE_ROUNDS and fast_launch.TUNE_ROUNDS % 2 == 0
+    assert len(calls) == 3 * tuner.TUNE_ROUNDS and tuner.TUNE_ROUNDS % 2 == 0
     # one timing each, in one order, would have picked "a"
     assert min(true_ms, key=lambda c: true_ms[c] * (1 + 0.05 * (1 + "abc".index(c)))) == "a"
 
@@ -282,14 +289,14 @@ def test_autotuning_interleaves_rounds_against_clock_drift(monkeypatch):
 def test_tuned_config_reads_the_recorded_pick(monkeypatch):
     picked = FastOptions(gluon=False, autotune=False, block_m=128, block_n=64, num_warps=8, num_stages=2,
                          maxnreg=128, use_tma=True)
-    problem = fast_launch.Problem(False, torch.float16, 64, 4, 16, 16, 1024, 1024, True, True, "ieee", True, "auto",
-                                  None)
-    monkeypatch.setattr(fast_launch, "_picks", {problem: (picked, {picked: 0.5})})
+    problem = Problem("forward", False, torch.float16, 64, 4, 16, 16, 1024, 1024, True, True, "ieee", True, "auto",
+                      None)
+    monkeypatch.setattr(tuner, "_picks", {problem: (picked, {picked: 0.5})})
     assert tuned_config(64, torch.float16, 1024, 16, True, gluon=False) == picked.tiles()
     assert tuned_config(64, torch.float16, 1024, 16, True, gluon=False, B=4)["maxnreg"] == 128
     assert tuned_config(64, torch.float16, 1024, 16, True, gluon=False, B=2) is None
     assert tuned_config(64, torch.float16, 1024, 16, False, gluon=False) is None
-    assert fast_launch.tuning_times(problem) == {picked: 0.5}
+    assert tuner.tuning_times(problem) == {picked: 0.5}
 
 
 # --- on a GPU ------------------------------------------------------------------------------------
@@ -319,7 +326,7 @@ def test_decoder_shapes_on_gpu(D, dtype, causal):
     for L, S in ((300, 1000), (1000, 300)):
         q, k, v = decoder_qkv(2, 8, 2, L, S, D, dtype, seed=L + D)
         ref, ref_lse = torch_reference(q, k, v, causal)
-        for use_tma in (False, True) if D == 128 and torch.cuda.get_device_capability()[0] >= 9 else (False,):
+        for use_tma in (False, True) if D == 128 and device.hopper() else (False,):
             out, lse = attention_fast(q, k, v, causal=causal, return_lse=True, use_tma=use_tma, **tiles)
             assert rel_error(out, ref) < TOL[dtype], (L, S, use_tma)
             assert (lse.double() - ref_lse).abs().max().item() < 1e-2, (L, S, use_tma)

@@ -100,3 +100,27 @@ def test_xdist_workers_are_pinned_to_their_own_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     conftest._pin_xdist_worker_to_a_gpu()  # not a worker: every GPU stays visible
     assert conftest.os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_the_readme_names_every_module_of_the_package():
+    """README.md's package section is kept against the tree: every module file is named in it (by its file name,
+    under its folder's entry), and it names no module that is gone."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## The package"):readme.index("Adding a variant")]
+    tree = section[section.index("```") + 3:section.index("```", section.index("```") + 3)]
+    package = ROOT / "flashattn"
+    folders = {"": tree}
+    for folder in ("kernels", "models", "measure", "teaching", "exercises"):
+        start = tree.index(f"  {folder}/")
+        rest = [tree.index(f"  {f}/") for f in ("kernels", "models", "measure", "teaching", "exercises")
+                if tree.index(f"  {f}/") > start]
+        folders[folder] = tree[start:min(rest) if rest else len(tree)]
+    named = set(re.findall(r"\b([a-z_0-9]+\.py)\b", tree))
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if rel.parts[0] in ("exercises",) or rel.name == "__init__.py" or "measurements" in rel.parts:
+            continue  # described by their folder's entry
+        folder = rel.parts[0] if len(rel.parts) > 1 else ""
+        assert rel.name in folders[folder], f"README.md's package section does not name flashattn/{rel}"
+    existing = {p.name for p in package.rglob("*.py")}
+    assert named <= existing, f"README.md names modules that do not exist: {sorted(named - existing)}"

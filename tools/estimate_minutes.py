@@ -32,7 +32,7 @@ MIN_PER_FIGURE = 1.0
 EXERCISE_MIN = {"triton": 15, "other": 8}
 # Triton kernel exercises per notebook (the others are Python functions or predictions): the exercises of
 # tests/test_exercise_mutants.py, and notebook 12's dS step
-TRITON_EXERCISES = {"01": 2, "01b": 2, "02": 1, "04": 1, "05": 1, "06": 1, "12": 1}
+TRITON_EXERCISES = {"01": 2, "01b": 2, "02": 1, "04": 1, "05": 1, "06": 1, "12": 1, "15": 1}
 
 
 def measure(path: Path) -> dict:

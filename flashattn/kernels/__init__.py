@@ -5,6 +5,7 @@ behind it (default options, jitted kernels, colour, the notebook that teaches it
 ``registry.py``.
 """
 
+from . import triton_compat  # noqa: F401, I001  (first: it records triton.language before any kernel runs)
 from .registry import (
     REGISTRY,
     VARIANTS,

@@ -38,6 +38,9 @@ import triton.language as tl
 from flashattn import runtime
 from flashattn.validate import check_kernel_inputs, check_o_lse_do, resolve_options
 
+from . import device
+from .fast_options import backward_shared_bytes
+
 
 @triton.jit
 def bwd_preprocess_kernel(O, DO, DELTA, N, D: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -154,10 +157,15 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
     run, well above rounding error; found by tools/diagnose_teaching_dk.py, guarded by a GPU test)."""
     if (mode or runtime.MODE) == "interpreter":
         tiles = (64, 64, 4, 1)  # few, large programs: the interpreter runs each in Python
-    elif dtype == torch.float32:
-        tiles = {16: (32, 32, 8, 1), 32: (32, 32, 8, 1), 64: (16, 32, 4, 1), 128: (16, 32, 8, 1)}.get(D, (16, 16, 4, 1))
     else:
-        tiles = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 8, 2), 128: (32, 64, 8, 1)}.get(D, (16, 16, 4, 1))
+        if dtype == torch.float32:
+            tiles = {16: (32, 32, 8, 1), 32: (32, 32, 8, 1), 64: (16, 32, 4, 1), 128: (16, 32, 8, 1)}.get(D, (16, 16, 4, 1))
+        else:
+            tiles = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 8, 2), 128: (32, 64, 8, 1)}.get(D, (16, 16, 4, 1))
+        # smaller tiles where the GPU has less shared memory (a T4 at D = 128); both kernels use the same tiles
+        tiles = device.first_fitting([tiles, (32, 32, 4, 1), (16, 32, 4, 1), (16, 16, 4, 1)],
+                                     lambda c: max(backward_shared_bytes(kernel, c, D, dtype) for kernel in ("dkdv", "dq")),
+                                     what=f"backward (D={D}, {dtype})")
     return dict(zip(("block_m", "block_n", "num_warps", "num_stages"), tiles, strict=True), input_precision="ieee")
 
 

@@ -19,12 +19,17 @@ as D_PAD, the next power of two >= 16: the extra columns load as zeros and are n
 log-sum-exp of every row (natural log), which a backward pass needs.
 
 On Hopper, for 16-bit inputs with D = 64 or 128 and L = S without grouped heads, ``fast`` runs the same
-loop written in Gluon instead (``fast_gluon.py``, notebook 11). Options, defaults and autotuning spaces
-are in ``fast_options.py``; autotuning and the launches in ``fast_launch.py``. The interpreter (CPU) runs
+loop written in Gluon instead (``fast_gluon.py``, notebook 11, with its own launcher). The path of a call:
+:func:`attention_fast` checks the inputs (``validate.py``) and the options (``fast_options.resolve``: defaults
+and tuning spaces, pruned to the live GPU), tunes on the first call of a problem (``tuner.py``), and launches
+(:func:`launch_triton` below, or ``fast_gluon.launch``) through ``launch_cache.py``. The interpreter (CPU) runs
 this kernel with plain pointer loads.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -32,9 +37,8 @@ import triton.language as tl
 
 from flashattn.validate import check_attention_inputs
 
-from . import fast_launch
-from .constants import LN_2
-from .fast_launch import tuned_config
+from . import descriptors, launch_cache, tuner
+from .constants import LN_2, LOG2_E
 from .fast_options import (
     FLOAT32_SPACE,
     GLUON_SPACE,
@@ -42,15 +46,22 @@ from .fast_options import (
     SCHEDULES,
     TUNING_SPACE,
     FastOptions,
+    candidates,
     default_options,
     gluon_available,
+    padded_head_dim,
     resolve,
     tuning_configs,
 )
 
+try:  # Gluon (Triton >= 3.6, complete per triton_compat): the Hopper path; without it, the Triton kernel runs
+    from . import fast_gluon
+except ImportError:  # pragma: no cover
+    fast_gluon = None
+
 __all__ = ["attention_fast", "attn_kernel_fast", "default_options", "tuned_config", "tuning_configs",
            "gluon_available", "FastOptions", "TUNING_SPACE", "FLOAT32_SPACE", "GLUON_SPACE", "SCHEDULES",
-           "HEAD_DIMS", "JIT_KERNELS"]
+           "HEAD_DIMS", "JIT_KERNELS", "launch_triton"]
 
 
 @triton.jit
@@ -187,8 +198,80 @@ def attn_kernel_fast(
         tl.store(LSE + pid_bh.to(tl.int64) * L + offs_m, (mi + tl.log2(li)) * LN_2, mask=row_ok)
 
 
-JIT_KERNELS = (attn_kernel_fast,) if fast_launch.fast_gluon is None else (attn_kernel_fast,
-                                                                          fast_launch.fast_gluon.attn_kernel_gluon)
+JIT_KERNELS = (attn_kernel_fast,) if fast_gluon is None else (attn_kernel_fast, fast_gluon.attn_kernel_gluon)
+
+
+def launch_triton(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts: FastOptions) -> None:
+    """Run :func:`attn_kernel_fast` with ``opts``' tiles: one program per (Q block, batch·head)."""
+    (B, Hq, L, D), (Hkv, S) = q.shape, k.shape[1:3]
+    if opts.use_tma:  # the descriptors view each input as one (B·H·rows, D) matrix
+        if max(B * Hq * L, B * Hkv * S) >= 2**31:
+            raise ValueError(f"fast: use_tma addresses rows with 32-bit coordinates; B·H·N = {B * Hq * L} is too large")
+        q_arg, k_arg, v_arg = (descriptors.rows(q, opts.block_m), descriptors.rows(k, opts.block_n),
+                               descriptors.rows(v, opts.block_n))
+    else:
+        q_arg, k_arg, v_arg = q, k, v
+    launch_cache.launch(
+        attn_kernel_fast, (triton.cdiv(L, opts.block_m), B * Hq),
+        (q_arg, k_arg, v_arg, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), Hq, Hq // Hkv, L, S,
+         scale * LOG2_E.value),
+        dict(D=D, D_PAD=padded_head_dim(D), BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, CAUSAL=causal,
+             MORE_QUERIES=causal and L > S, USE_TMA=opts.use_tma,
+             PRECISION=opts.input_precision if q.dtype == torch.float32 else "tf32", STORE_LSE=return_lse),
+        num_warps=opts.num_warps, num_stages=opts.num_stages, **({"maxnreg": opts.maxnreg} if opts.maxnreg else {}))
+
+
+class Problem(NamedTuple):
+    """What a pick is remembered for: the problem's shape and the options that narrow the candidates."""
+
+    kind: str  # "forward" (the tuner's keys name their kernel first)
+    gluon: bool
+    dtype: torch.dtype
+    D: int
+    B: int
+    Hq: int
+    Hkv: int
+    L: int
+    S: int
+    causal: bool
+    use_tma: bool
+    input_precision: str
+    overlap: bool
+    schedule: str
+    consumers: int | None
+
+
+def launch(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts: FastOptions) -> None:
+    """Run the Triton or the Gluon kernel with ``opts``. With ``opts.autotune``, the first call for a problem tunes
+    (``tuner.py``); later calls launch the pick directly."""
+    if opts.use_tma:  # TMA wants 16-byte aligned rows and base addresses: copy inputs that are not
+        q, k, v = (descriptors.tma_ready(x) for x in (q, k, v))
+    run = functools.partial(fast_gluon.launch if opts.gluon else launch_triton, q, k, v, o, lse, causal, scale,
+                            return_lse)
+    if opts.autotune:
+        (B, Hq, L, D), (Hkv, S) = q.shape, k.shape[1:3]
+        problem = Problem("forward", opts.gluon, q.dtype, D, B, Hq, Hkv, L, S, causal, opts.use_tma,
+                          opts.input_precision, opts.overlap, opts.schedule, opts.consumers)
+        opts = tuner.pick(problem, candidates(opts, D, q.dtype, causal), run)
+    run(opts)
+
+
+def tuned_config(D: int, dtype: torch.dtype, N: int, H: int, causal: bool, use_tma: bool = True,
+                 gluon: bool | None = None, overlap: bool = True, schedule: str = "auto",
+                 consumers: int | None = None, B: int | None = None) -> dict | None:
+    """The configuration autotuning picked in this process for an (N × N, H heads) problem, or None if not tuned
+    yet. ``gluon``: which kernel's (None: the one ``fast`` uses by default here); ``use_tma``: the Triton
+    kernel's; ``overlap``, ``schedule``, ``consumers``: the Gluon options that narrowed the candidates; ``B``:
+    the batch (None: any)."""
+    if gluon is None:
+        gluon = gluon_available(dtype, D)
+    for p, (picked, _) in tuner.picks("forward").items():
+        if ((p.gluon, p.dtype, p.D, p.L, p.S, p.Hq, p.Hkv, p.causal) == (gluon, dtype, D, N, N, H, H, causal)
+                and (B is None or p.B == B)
+                and ((p.overlap, p.schedule, p.consumers) == (overlap, schedule, consumers) if gluon
+                     else p.use_tma == use_tma)):
+            return picked.tiles()
+    return None
 
 
 def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **options):
@@ -217,5 +300,5 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
     opts = resolve(q.dtype, D, causal, options, gluon_shapes=L == S and Hq == Hkv)
     o = torch.empty((B, Hq, L, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, L), dtype=torch.float32, device=q.device) if return_lse else o  # o: unused then
-    fast_launch.launch(attn_kernel_fast, q, k, v, o, lse, causal, scale, return_lse, opts)
+    launch(q, k, v, o, lse, causal, scale, return_lse, opts)
     return (o, lse) if return_lse else o

@@ -32,27 +32,31 @@ The interpreter (CPU) runs the same Triton kernels with plain pointer loads.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from flashattn import runtime
-from flashattn.validate import INPUT_PRECISIONS, check_attention_inputs, check_o_lse_do, remembered
+from flashattn.validate import check_attention_inputs, check_o_lse_do
 
-from . import launch_cache
+from . import descriptors, device, launch_cache, tuner
 from .constants import LOG2_E
+from .fast_options import (  # noqa: F401  (the backward's options, re-exported for its callers)
+    ATOMIC_DKDV_SPACE,
+    DEFAULT_DQ_MODE,
+    DKDV_SPACE,
+    DQ_MODES,
+    DQ_SPACE,
+    FastOptions,
+    padded_head_dim,
+    resolve_backward,
+    tuning_space,
+)
+from .fast_options import backward_default_options as default_options  # noqa: F401
 
-try:  # Gluon (Triton >= 3.5): the Hopper kernel
+try:  # Gluon, complete per triton_compat: the Hopper kernel
     from . import fast_backward_gluon
 except ImportError:  # pragma: no cover
     fast_backward_gluon = None
-
-try:  # host-side TMA descriptors (Triton >= 3.4)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover
-    TensorDescriptor = None
 
 
 @triton.jit
@@ -246,85 +250,14 @@ def bwd_dq_fast(
 JIT_KERNELS = (bwd_preprocess_fast, bwd_dkdv_fast, bwd_dq_fast, bwd_dq_finish)
 
 
-# --- launch options and autotuning -------------------------------------------------------------
+# --- the launches ---------------------------------------------------------------------------------------
 
 MAX_HEAD_DIM = 256
-DQ_MODES = ("kernel", "atomic")
-DEFAULT_DQ_MODE = "kernel"  # on a GPU; the interpreter runs "atomic": one kernel fewer, and adds in order anyway
-
-# The pruned search spaces of triton.autotune, per padded head dimension: (BLOCK_M, BLOCK_N, warps,
-# stages). The dK/dV kernel keeps two (BLOCK_N, D) float32 accumulators per program (three tiles' worth
-# with atomic dQ), the dQ kernel one (BLOCK_M, D); the score tiles it transposes hold a column's lse and
-# delta in every thread. So at D = 128 only 8-warp programs of at most 64 keys stay in registers. Each
-# configuration compiles for sm_90 without spilling registers (or, marked "spills", a few dozen bytes); the
-# H200 timings behind the choice come from tools/gpu/backward/probe.py.
-DKDV_SPACE = {
-    16: [(64, 128, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
-    32: [(64, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3)],
-    # D = 64 and 128: the configuration that won every problem the H200 probe timed (fp16/bf16, N 4096 and
-    # 16384, causal and not, in interleaved rounds against SDPA); one candidate, so a fresh process cannot pick
-    # another (the dK/dV kernel is most of the time)
-    64: [(64, 64, 4, 3)],
-    128: [(64, 128, 8, 2)],  # spills a few dozen bytes, and still won
-    256: [(16, 16, 4, 1), (32, 16, 4, 1), (32, 32, 8, 2)],  # D = 256 spills whatever the tiles (least first)
-}
-# With atomic dQ, 4-warp programs of 64 keys come first at D = 64 and 128: each holds all its registers (at most
-# 255, no spills) and two fit on an SM, so one program's exponentials overlap the other's products. They beat the
-# 8-warp tiles by far, and still lose to dq_mode="kernel" (tools/gpu/backward/atomic_probe.py).
-ATOMIC_DKDV_SPACE = {
-    16: [(64, 128, 4, 3), (64, 64, 4, 3)],
-    32: [(64, 128, 8, 3), (64, 64, 4, 3)],
-    64: [(64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 8, 3)],
-    128: [(32, 64, 4, 3), (64, 64, 8, 3)],
-    256: [(16, 16, 4, 1), (32, 32, 8, 2)],
-}
-DQ_SPACE = {
-    16: [(128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)],
-    32: [(128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)],
-    64: [(128, 64, 8, 3), (64, 64, 4, 3)],  # the two that were within 3 % of the best on every problem probed
-    128: [(64, 64, 4, 2), (128, 128, 8, 2)],
-    256: [(16, 32, 4, 1), (16, 16, 4, 1), (64, 32, 8, 2)],
-}
-# float32 (IEEE products on the CUDA cores, for checking rather than speed): small tiles; they still spill past D = 32
-FLOAT32_SPACE = [(16, 32, 8, 1), (16, 16, 4, 1), (32, 32, 8, 1)]
-INTERPRETER_TILES = (64, 64, 4, 1)  # few, large programs: the interpreter runs each in Python
-
-
-def padded_head_dim(D: int) -> int:
-    """The tiles' head dimension: D rounded up to a power of two, at least 16 (``tl.dot``'s minimum)."""
-    return max(16, 1 << (D - 1).bit_length())
-
-
-def tuning_space(kernel: str, D: int, dtype: torch.dtype, atomic: bool = False) -> list[tuple[int, int, int, int]]:
-    """The configurations autotuning tries for ``kernel`` ("dkdv" or "dq") at head dimension ``D``; ``atomic``:
-    the dK/dV kernel that also adds into dQ."""
-    d_pad = padded_head_dim(D)
-    if dtype == torch.float32:
-        return list(FLOAT32_SPACE)
-    spaces = {"dkdv": ATOMIC_DKDV_SPACE if atomic else DKDV_SPACE, "dq": DQ_SPACE}
-    return spaces[kernel][d_pad]
-
-
-def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
-    """Options of the fast backward: on a GPU autotuned tiles for both kernels, TMA on Hopper (head
-    dimensions that are powers of two), dQ by :data:`DEFAULT_DQ_MODE`; in the interpreter fixed tiles and
-    atomic dQ (the interpreter runs programs one after another: the adds are in a fixed order)."""
-    if (mode or runtime.MODE) == "interpreter":
-        return dict(dkdv_tiles=INTERPRETER_TILES, dq_tiles=INTERPRETER_TILES, autotune=False, use_tma=False,
-                    dq_mode="atomic", input_precision="ieee", gluon=False)
-    return dict(dkdv_tiles=None, dq_tiles=None, autotune=True, use_tma=_hopper() and TensorDescriptor is not None,
-                dq_mode=DEFAULT_DQ_MODE, input_precision="ieee", gluon=None)
-
-
-@functools.cache
-def _sm90() -> bool:
-    return (fast_backward_gluon is not None and runtime.MODE == "gpu" and runtime.HAS_GPU
-            and torch.cuda.get_device_capability() == (9, 0))
 
 
 def gluon_refusal(q, k, v, do, causal: bool, options: dict) -> str | None:
     """None if the Gluon kernel runs this problem (contiguous inputs) with these options, else why it does not."""
-    if not _sm90():
+    if fast_backward_gluon is None or not device.hopper():
         return "a Hopper GPU (sm_90) with Gluon"
     given = [key for key in options if key != "gluon"]  # every other option is the Triton kernels'
     if given:
@@ -335,59 +268,6 @@ def gluon_refusal(q, k, v, do, causal: bool, options: dict) -> str | None:
     if not all(t.data_ptr() % 16 == 0 for t in (q, k, v, do)):
         return "16-byte-aligned tensors (TMA)"
     return None
-
-
-@functools.cache
-def _hopper() -> bool:
-    return runtime.HAS_GPU and torch.cuda.get_device_capability()[0] >= 9
-
-
-def _check_tiles(name: str, tiles) -> tuple[int, int, int, int] | None:
-    if tiles is None:
-        return None
-    ok = isinstance(tiles, (tuple, list)) and len(tiles) == 4 and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in tiles)
-    if ok:
-        bm, bn, warps, stages = tiles
-        ok = all(x >= 16 and x & (x - 1) == 0 for x in (bm, bn)) and warps in (1, 2, 4, 8, 16) and stages >= 1
-    if not ok:
-        raise ValueError(f"fast backward: {name} must be None or (block_m, block_n, num_warps, num_stages) with "
-                         f"block sizes powers of two >= 16, num_warps a power of two <= 16 and num_stages >= 1; "
-                         f"got {tiles!r}")
-    return tuple(tiles)
-
-
-_checked: dict = {}
-
-
-def _check_options(dtype: torch.dtype, D: int, options: dict) -> dict:
-    """``options`` after defaults and checks (bad ones raise); remembered per distinct call, like ``fast``'s."""
-    return dict(remembered(_checked, (dtype, D), options, lambda: _checked_options(dtype, D, options)))
-
-
-def _checked_options(dtype: torch.dtype, D: int, options: dict) -> dict:
-    defaults = default_options(dtype, D)
-    unknown = sorted(set(options) - set(defaults))
-    if unknown:
-        raise TypeError(f"fast backward: unknown option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(defaults))}")
-    opts = {**defaults, **options}
-    for key in ("autotune", "use_tma"):
-        if not isinstance(opts[key], bool):
-            raise TypeError(f"fast backward: option {key} must be True or False, got {opts[key]!r}")
-    if opts["gluon"] not in (None, True, False):
-        raise TypeError(f"fast backward: option gluon must be None, True or False, got {opts['gluon']!r}")
-    if opts["dq_mode"] not in DQ_MODES:
-        raise ValueError(f"fast backward: dq_mode must be one of {', '.join(map(repr, DQ_MODES))}, got {opts['dq_mode']!r}")
-    if opts["input_precision"] not in INPUT_PRECISIONS:
-        raise ValueError(f"fast backward: input_precision must be one of {', '.join(INPUT_PRECISIONS)}, "
-                         f"got {opts['input_precision']!r}")
-    if "input_precision" in options and dtype != torch.float32:
-        raise ValueError(f"fast backward: input_precision applies to float32 inputs only (got {dtype})")
-    for key in ("dkdv_tiles", "dq_tiles"):
-        opts[key] = _check_tiles(key, opts[key])
-    if runtime.MODE != "gpu" and (opts["use_tma"] or opts["autotune"]):
-        raise ValueError("fast backward: use_tma and autotune need a GPU (the interpreter has no TMA and no clock)")
-    return opts
 
 
 def check_inputs(q, k, v, o, lse, do, *, causal, scale):
@@ -401,66 +281,35 @@ def check_inputs(q, k, v, o, lse, do, *, causal, scale):
     return B, HQ, HKV, L, S, D, scale
 
 
-def _set_block_shapes(nargs):
-    """Autotuning pre-hook: the TMA descriptors' tiles follow the configuration being tried."""
-    for name, block in (("Q", "BLOCK_M"), ("DO", "BLOCK_M"), ("DQ_DESC", "BLOCK_M"), ("K", "BLOCK_N"), ("V", "BLOCK_N")):
-        if hasattr(nargs.get(name), "block_shape"):
-            nargs[name].block_shape = [nargs[block], nargs[name].block_shape[1]]
-
-
-_tuned_kernels: dict = {}
-_picked: dict = {}  # (kernel, problem...) -> the tiles autotuning chose, launched directly afterwards
-
-
-def _tuned_kernel(kernel: str, D: int, dtype: torch.dtype, atomic: bool):
-    """``bwd_dkdv_fast`` or ``bwd_dq_fast`` under ``triton.autotune`` over :func:`tuning_space`."""
-    key = (kernel, D, dtype, atomic)
-    if key not in _tuned_kernels:
-        configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st, pre_hook=_set_block_shapes)
-                   for bm, bn, w, st in tuning_space(kernel, D, dtype, atomic)]
-        fn = bwd_dkdv_fast if kernel == "dkdv" else bwd_dq_fast
-        # the atomic dK/dV kernel adds into DQ_ACC: every timed run must start from zeros
-        reset = ["DQ_ACC"] if atomic else None
-        _tuned_kernels[key] = triton.autotune(configs, key=["L", "S", "HQ", "HKV", "CAUSAL", "USE_TMA"],
-                                              reset_to_zero=reset)(fn)
-    return _tuned_kernels[key]
-
-
-def _descriptor(x: torch.Tensor, block_rows: int):
-    """A TMA descriptor over contiguous ``x`` (…, rows, D) seen as one (all rows, D) matrix."""
-    D = x.shape[-1]
-    return TensorDescriptor(x, shape=[x.numel() // D, D], strides=[D, 1], block_shape=[block_rows, D])
-
-
-def _launch(kernel: str, fn, grid, tensors: dict, scalars: tuple, constexprs: dict, tiles, pick_key, use_tma: bool,
-            atomic: bool):
-    """Launch ``fn`` with fixed ``tiles`` (block_m, block_n, warps, stages), or autotune it on the first call
-    for ``pick_key`` and launch the pick directly afterwards (the autotuner's bookkeeping costs tens of µs)."""
-    D = constexprs["D"]
-    dtype = tensors["Q"].dtype
-    tiles = tiles or _picked.get(pick_key)
+def _launch(kernel: str, fn, grid, tensors: dict, scalars: tuple, constexprs: dict, tiles, tune: bool, problem: tuple,
+            use_tma: bool, zero=None) -> None:
+    """Launch ``fn`` with fixed ``tiles`` (block_m, block_n, warps, stages), or, with ``tune``, the tuner's pick for
+    ``problem`` over ``tuning_space`` (tuned on the first call). ``zero``: a buffer the kernel adds into, zeroed
+    before every run (the tuner runs each candidate several times)."""
     rows = {"Q": 0, "DO": 0, "DQ_DESC": 0, "K": 1, "V": 1}  # which block size each descriptor's tiles follow
-    args = dict(tensors)
-    if use_tma:
-        bm, bn = (tiles[0], tiles[1]) if tiles else (64, 64)  # placeholders: the pre-hook sets them
-        for name, which in rows.items():
-            if args.get(name) is not None:
-                args[name] = _descriptor(args[name], (bm, bn)[which])
-    if tiles is None:
-        tuned = _tuned_kernel(kernel, D, dtype, atomic)
-        tuned[lambda meta: grid(meta["BLOCK_M"], meta["BLOCK_N"])](*args.values(), *scalars, **constexprs)
-        best = tuned.best_config
-        _picked[pick_key] = (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages)
-    else:
+
+    def run(tiles):
         bm, bn, warps, stages = tiles
+        args = dict(tensors)
+        if use_tma:
+            for name, which in rows.items():
+                if args.get(name) is not None:
+                    args[name] = descriptors.rows(args[name], (bm, bn)[which])
+        if zero is not None:
+            zero.zero_()
         launch_cache.launch(fn, grid(bm, bn), (*args.values(), *scalars), dict(constexprs, BLOCK_M=bm, BLOCK_N=bn),
                             num_warps=warps, num_stages=stages)
+
+    if tune:
+        D, dtype, atomic = constexprs["D"], tensors["Q"].dtype, constexprs.get("DQ_ATOMIC", False)
+        tiles = tuner.pick((kernel, *problem), tuning_space(kernel, D, dtype, atomic), run)
+    run(tiles)
 
 
 def picked_tiles(kernel: str, **problem) -> tuple | None:
     """The tiles autotuning picked for ``kernel`` ("dkdv"/"dq") on a problem in this process (None: not tuned)."""
-    for key, tiles in _picked.items():
-        if key[0] == kernel and all(dict(key[1:]).get(k) == v for k, v in problem.items()):
+    for key, (tiles, _) in tuner.picks(kernel).items():
+        if all(dict(key[1:]).get(k) == v for k, v in problem.items()):
             return tiles
     return None
 
@@ -500,14 +349,14 @@ def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **
     see :func:`gluon_refusal`; True: that kernel or a ValueError saying why not; False: the Triton kernels).
     """
     B, HQ, HKV, L, S, D, scale = check_inputs(q, k, v, o, lse, do, causal=causal, scale=scale)
-    opts = _check_options(q.dtype, D, options)
+    opts = resolve_backward(q.dtype, D, options)
     D_PAD = padded_head_dim(D)
     q, k, v, o, do = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, o, do))
     lse = lse.contiguous()
     gluon = False
-    if opts["gluon"] is not False:
+    if opts.gluon is not False:
         why_not = gluon_refusal(q, k, v, do, causal, options)
-        if why_not is not None and opts["gluon"]:
+        if why_not is not None and opts.gluon:
             raise ValueError(f"fast backward: gluon=True needs {why_not}")
         gluon = why_not is None
 
@@ -517,28 +366,28 @@ def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **
                                                                       scale=scale)
         return finish_dq(dq_acc, q.dtype, scale), dk, dv
 
-    atomic = opts["dq_mode"] == "atomic"
-    use_tma = opts["use_tma"] and D == D_PAD and all(t.data_ptr() % 16 == 0 for t in (q, k, v, do))
+    atomic = opts.dq_mode == "atomic"
+    use_tma = opts.use_tma and D == D_PAD and all(t.data_ptr() % 16 == 0 for t in (q, k, v, do))
     if use_tma and max(B * HQ * L, B * HKV * S) >= 2**31:
         use_tma = False  # descriptors address rows with 32-bit coordinates
     dq = torch.empty_like(q)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dq_acc = torch.zeros((B, HQ, L, D), dtype=torch.float32, device=q.device) if atomic else None
-    precision = opts["input_precision"] if q.dtype == torch.float32 else "tf32"
+    dq_acc = torch.empty((B, HQ, L, D), dtype=torch.float32, device=q.device) if atomic else None
+    precision = opts.input_precision if q.dtype == torch.float32 else "tf32"
     common = dict(D=D, D_PAD=D_PAD, GROUP=HQ // HKV, CAUSAL=causal, USE_TMA=use_tma, PRECISION=precision)
     scalars = (L, S, HQ, HKV, scale * LOG2_E.value, scale)
     problem = (("D", D), ("dtype", q.dtype), ("L", L), ("S", S), ("B", B), ("HQ", HQ), ("HKV", HKV),
                ("causal", causal), ("use_tma", use_tma), ("atomic", atomic))
-    autotune = opts["autotune"]
-    dkdv_tiles = opts["dkdv_tiles"] or (None if autotune else tuning_space("dkdv", D, q.dtype, atomic)[0])
+    dkdv_tiles = opts.dkdv_tiles or tuning_space("dkdv", D, q.dtype, atomic)[0]
     _launch("dkdv", bwd_dkdv_fast, lambda bm, bn: (triton.cdiv(S, bn), B * HKV),
             dict(Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, LSE=lse, DELTA=delta, DQ_ACC=dq_acc,
                  DQ_DESC=dq_acc if use_tma and atomic else None),
-            scalars, dict(common, DQ_ATOMIC=atomic), dkdv_tiles, ("dkdv", *problem), use_tma, atomic)
+            scalars, dict(common, DQ_ATOMIC=atomic), dkdv_tiles, opts.autotune and opts.dkdv_tiles is None, problem,
+            use_tma, zero=dq_acc)
     if atomic:
         return finish_dq(dq_acc, q.dtype, scale), dk, dv
-    dq_tiles = opts["dq_tiles"] or (None if autotune else tuning_space("dq", D, q.dtype)[0])
+    dq_tiles = opts.dq_tiles or tuning_space("dq", D, q.dtype)[0]
     _launch("dq", bwd_dq_fast, lambda bm, bn: (triton.cdiv(L, bm), B * HQ),
             dict(Q=q, K=k, V=v, DO=do, DQ=dq, LSE=lse, DELTA=delta),
-            scalars, common, dq_tiles, ("dq", *problem), use_tma, False)
+            scalars, common, dq_tiles, opts.autotune and opts.dq_tiles is None, problem, use_tma)
     return dq, dk, dv

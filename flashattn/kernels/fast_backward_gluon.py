@@ -18,7 +18,7 @@ FlashAttention-3 lays out its backward on Hopper (``fast_gluon.py`` does it for 
 * dQ without a second kernel: each warpgroup writes its half of dsijT into a shared (128 × 64) tile, and the
   warpgroups take turns, one Q block each, computing ``dqi = dsij · kj`` over all 128 keys. The warpgroup
   writes dqi into its own float32 tile in shared memory and the TMA engine adds the tile into a float32
-  buffer in global memory (a bulk reduce-add, :func:`tma_reduce_add`), while the warpgroup goes on to the next
+  buffer in global memory (a bulk reduce-add, ``triton_compat.tma_reduce_add``), while the warpgroup goes on to the next
   block; ``fast_backward.finish_dq`` then scales the buffer and rounds it to 16 bits in one small kernel.
   Five matrix products per Q block and key tile, the convention's, where the Triton kernels' default does
   seven; the sum into dQ runs in whatever order the adds arrive, so dQ can differ from run to run in the
@@ -41,22 +41,26 @@ N a multiple of 128; ``fast_backward.attention_backward_fast`` runs the Triton k
 from __future__ import annotations
 
 import torch
-from triton._C.libtriton import ir
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.hopper import (
+
+from . import launch_cache, triton_compat
+
+if not triton_compat.HAS_GLUON_BACKWARD:  # the fast backward then runs its Triton kernels
+    raise ImportError(f"Triton's Gluon lacks what this kernel needs: {triton_compat.MISSING}")
+
+from . import descriptors  # noqa: E402
+from .constants import LOG2_E  # noqa: E402
+from .fast_gluon import DTYPES, _mma_layout  # noqa: E402
+from .triton_compat import (  # noqa: E402
     fence_async_shared,
+    gl,
+    gluon,
     mbarrier,
     tma,
+    tma_load,
+    tma_reduce_add,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-from . import launch_cache
-from .constants import LOG2_E
-from .fast_gluon import DTYPES, _mma_layout, descriptor, tma_load
 
 BLOCK_M: gl.constexpr = gl.constexpr(64)  # Q rows per step
 BLOCK_N: gl.constexpr = gl.constexpr(128)  # keys per program: 64 per consumer warpgroup
@@ -66,16 +70,6 @@ BLOCK_N: gl.constexpr = gl.constexpr(128)  # keys per program: 64 per consumer w
 STAGES = {64: 4, 128: 2}
 HEAD_DIMS = tuple(STAGES)
 MAXNREG = 168  # at launch: 3 warpgroups' worth of the register file; setmaxnreg moves them to the consumers
-
-
-@builtin
-def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
-    """``global[coord] += src`` for a shared tile, by the TMA engine (``cp.reduce.async.bulk.tensor ... add``).
-    Triton 3.6 builds the operation (``tl`` descriptors' ``atomic_add`` use it) but Gluon's ``tma`` module does
-    not export it yet; this wraps it the way that module wraps ``async_copy_shared_to_global``. Like a TMA store it
-    completes asynchronously: ``tma.store_wait`` before the tile is written again."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit
@@ -224,12 +218,6 @@ def applies(q, k, causal: bool) -> str | None:
     return None
 
 
-def row_descriptor(x: torch.Tensor) -> TensorDescriptor:
-    """A TMA descriptor over (B, H, N) float32 ``x`` (lse, delta) seen as one vector, blocks of BLOCK_M rows."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
-    return TensorDescriptor(x, [x.numel()], [1], [BLOCK_M.value], layout)
-
-
 def attention_backward_gluon(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | None = None):
     """(the float32 sums of dQ, not yet scaled), dk, dv for contiguous, 16-byte-aligned (B, H, N, D) inputs that
     :func:`applies` accepts; ``lse`` and ``delta`` (B, H, N) float32, contiguous, ``delta`` = rowsum(o ∘ do)
@@ -240,10 +228,10 @@ def attention_backward_gluon(q, k, v, lse, do, delta, *, causal: bool, scale: fl
         lse = lse.clone()
     dq_acc = torch.zeros((B, H, N, D), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    descs = (descriptor(q, BLOCK_M.value), descriptor(k, BLOCK_N.value), descriptor(v, BLOCK_N.value),
-             descriptor(do, BLOCK_M.value), row_descriptor(lse), row_descriptor(delta),
-             TensorDescriptor(dq_acc, [B * H * N, D], [D, 1], [BLOCK_M.value, D],
-                              gl.NVMMASharedLayout.get_default_for([BLOCK_M.value, D], gl.float32)))
+    bm, bn = BLOCK_M.value, BLOCK_N.value
+    descs = (descriptors.gluon_rows(q, bm), descriptors.gluon_rows(k, bn), descriptors.gluon_rows(v, bn),
+             descriptors.gluon_rows(do, bm), descriptors.gluon_vector(lse, bm), descriptors.gluon_vector(delta, bm),
+             descriptors.gluon_rows(dq_acc, bm))
     launch_cache.launch(bwd_kernel_gluon, (N // BLOCK_N.value, B * H),
                         (*descs, dk, dv, N, scale * LOG2_E.value, scale),
                         dict(D=D, CAUSAL=causal, STAGES=stages or STAGES[D]), num_warps=4, maxnreg=MAXNREG)

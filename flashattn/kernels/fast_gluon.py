@@ -37,19 +37,20 @@ other problems use the Triton kernel.
 
 from __future__ import annotations
 
-import functools
-
 import torch
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+import triton
 
-from .constants import LN_2
+from . import device, launch_cache, triton_compat
+
+if not triton_compat.HAS_GLUON:  # fast then runs its Triton kernel (fast_options.gluon_available)
+    raise ImportError(f"Triton's Gluon is incomplete here: {triton_compat.MISSING}")
+
+from . import descriptors  # noqa: E402
+from .constants import LN_2, LOG2_E  # noqa: E402
+from .fast_options import WS_MAXNREG  # noqa: E402
+from .triton_compat import gl, gluon, mbarrier, tma_load, warpgroup_mma, warpgroup_mma_wait  # noqa: E402
 
 DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
-# the TMA load's name: async_copy_global_to_shared up to Triton 3.6, async_load after
-tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
 
 @gluon.constexpr_function
@@ -339,7 +340,7 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, qk_scale,
     """Without WARP_SPECIALIZE: a (Q block, batch·head) grid, one warpgroup per program (``_one_warpgroup``).
     With it: a producer warp and CONSUMERS (2 or 3) consumer warpgroups per program, over a 1-D grid of tiles
     of CONSUMERS·BLOCK_M rows; PERSISTENT only changes that grid (one program per SM instead of one per tile:
-    see ``fast_launch.py``)."""
+    see :func:`grid`)."""
     if not WARP_SPECIALIZE:
         _one_warpgroup(Q, K, V, O, LSE, N, qk_scale, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP)
     else:
@@ -379,13 +380,29 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, qk_scale,
             [CONSUMER_REGS] * (CONSUMERS - 1) + [24])
 
 
-@functools.lru_cache(maxsize=64)
-def _tile_layout(rows: int, D: int, dtype: torch.dtype):
-    """The swizzled shared-memory layout of a (rows, D) tile (remembered: working it out costs ~20 µs)."""
-    return gl.NVMMASharedLayout.get_default_for([rows, D], DTYPES[dtype])
+def grid(N: int, BH: int, opts) -> tuple:
+    """Single warpgroups: a (Q block, batch·head) grid. Specialized: one program per tile of consumers·block_m
+    rows (1-D). Persistent: at most one program per SM, each looping over tiles."""
+    if opts.schedule == "single":
+        return (triton.cdiv(N, opts.block_m), BH)
+    tiles = triton.cdiv(N, opts.consumers * opts.block_m) * BH
+    if opts.schedule == "specialized":
+        return (tiles,)
+    return (min(tiles, device.sm_count()),)
 
 
-def descriptor(x: torch.Tensor, block_rows: int) -> TensorDescriptor:
-    """A Gluon TMA descriptor over contiguous ``x`` (B, H, N, D) seen as one (B·H·N, D) matrix."""
-    B, H, N, D = x.shape
-    return TensorDescriptor(x, [B * H * N, D], [D, 1], [block_rows, D], _tile_layout(block_rows, D, x.dtype))
+def launch(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts) -> None:
+    """Run :func:`attn_kernel_gluon` with ``opts`` (``fast_options.FastOptions``) on contiguous, 16-byte-aligned
+    (B, H, N, D) inputs."""
+    B, H, N, D = q.shape
+    if B * H * N >= 2**31:
+        raise ValueError(f"fast: the Gluon kernel addresses rows with 32-bit coordinates; B·H·N = {B * H * N} is too large")
+    ws = opts.schedule != "single"
+    descs = (descriptors.gluon_rows(q, opts.block_m), descriptors.gluon_rows(k, opts.block_n),
+             descriptors.gluon_rows(v, opts.block_n))
+    launch_cache.launch(
+        attn_kernel_gluon, grid(N, B * H, opts), (*descs, o, lse, N, B * H, scale * LOG2_E.value),
+        dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=causal,
+             STORE_LSE=return_lse, OVERLAP=opts.overlap, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
+             CONSUMERS=opts.consumers if ws else 2),
+        num_warps=opts.num_warps, **({"maxnreg": WS_MAXNREG[opts.consumers]} if ws else {}))

@@ -12,7 +12,9 @@ import triton
 import triton.language as tl
 
 from flashattn import runtime
-from flashattn.validate import check_kernel_inputs, resolve_options
+from flashattn.validate import TILE_KEYS, check_kernel_inputs, resolve_options
+
+from . import device
 
 
 @triton.jit
@@ -95,7 +97,18 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
     """
     # float32 on CUDA cores needs 8 warps to keep its tiles in registers (4 spill, measured on an H200)
     warps = 8 if dtype == torch.float32 and (mode or runtime.MODE) == "gpu" else 4
-    return dict(block_m=64, block_n=64, num_warps=warps, num_stages=1, input_precision="ieee")
+    tiles = (64, 64, warps, 1)
+    if (mode or runtime.MODE) == "gpu":  # smaller tiles where the GPU has less shared memory (a T4 at D = 128)
+        tiles = device.first_fitting([tiles, (32, 32, 4, 1), (16, 16, 4, 1)], lambda c: _shared_bytes(c, D, dtype),
+                                     what=f"v1 (D={D}, {dtype})")
+    return dict(zip(TILE_KEYS, tiles, strict=True), input_precision="ieee")
+
+
+def _shared_bytes(tiles: tuple, D: int, dtype: torch.dtype) -> int:
+    """v1 keeps its K and V blocks and streams the Q and O blocks past them."""
+    bm, bn, _, stages = tiles
+    return device.tile_shared_bytes(element=dtype.itemsize, d=D, kept_rows=2 * bn, streamed_rows=2 * bm, stages=stages,
+                                    score_tiles=bm * bn, mma=dtype != torch.float32)
 
 
 def attention_v1(q, k, v, *, causal=False, scale=None, **options):

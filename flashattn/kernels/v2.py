@@ -21,9 +21,11 @@ import triton
 import triton.language as tl
 
 from flashattn import runtime
-from flashattn.validate import check_kernel_inputs, resolve_options
+from flashattn.validate import TILE_KEYS, check_kernel_inputs, resolve_options
 
+from . import device
 from .constants import LN_2
+from .fast_options import forward_shared_bytes
 
 
 @triton.jit
@@ -119,24 +121,35 @@ def compute_padded_headdim(D: int) -> int:
     return 1 << (D - 1).bit_length()
 
 
+FALLBACK_TILES = [(64, 64, 4, 2), (64, 32, 4, 1), (32, 32, 4, 1), (16, 16, 4, 1)]  # GPUs with less shared memory
+
+
+def _tiles(preferred: tuple, D: int, dtype: torch.dtype, variant: str) -> dict:
+    """``preferred`` (the tiles measured on the H200) if they fit the live GPU's shared memory, else the first of
+    :data:`FALLBACK_TILES` that does."""
+    tiles = device.first_fitting([preferred, *FALLBACK_TILES], lambda c: forward_shared_bytes(c, D, dtype),
+                                 what=f"{variant} (D={D}, {dtype})")
+    return dict(zip(TILE_KEYS, tiles, strict=True))
+
+
 def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
     """Tile sizes and options of v2, v2_kt and v2_kt_view; ``mode`` defaults to the current one."""
     if (mode or runtime.MODE) == "interpreter":
         tiles = dict(block_m=64, block_n=64, num_warps=4, num_stages=1)  # few programs run faster
     elif dtype == torch.float32:
         # CUDA-core dot: at D >= 64, 4 warps run out of registers (measured on an H200: heavy spills)
-        tiles = dict(block_m=64, block_n=64, num_warps=4 if D <= 32 else 8, num_stages=2)
+        tiles = _tiles((64, 64, 4 if D <= 32 else 8, 2), D, dtype, "v2")
     else:
-        tiles = dict(block_m=128, block_n=64, num_warps=4 if D <= 64 else 8, num_stages=3)
+        tiles = _tiles((128, 64, 4 if D <= 64 else 8, 3), D, dtype, "v2")
     return dict(tiles, input_precision="ieee", deferred_norm=True, use_exp2=False)
 
 
 def padded_default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict:
     opts = default_options(dtype, D, mode)
     if (mode or runtime.MODE) == "gpu":  # tiles twice as wide: smaller blocks keep shared memory in bounds
-        opts.update(block_m=64, block_n=64 if compute_padded_headdim(D) <= 128 else 32, num_stages=2)
-        if dtype == torch.float32:
-            opts.update(num_warps=8)
+        d_pad = compute_padded_headdim(D)
+        opts.update(_tiles((64, 64 if d_pad <= 128 else 32, 8 if dtype == torch.float32 else opts["num_warps"], 2),
+                           d_pad, dtype, "v2_padded"))
     return opts
 
 

@@ -1,0 +1,292 @@
+"""Every kernel the course launches, compiled for every GPU target it supports, without a GPU (README: "Where it
+runs"; ``tests/test_compile_targets.py`` runs it in ``make test``).
+
+For each target of ``kernels.device.TARGETS`` (sm_75, sm_80, sm_86, sm_89, sm_90) it compiles each kernel with
+the configurations the code would choose *on that target*: the tuning spaces after ``device`` pruned them to
+the target's shared memory, and the teaching kernels' fixed tiles as chosen there. Each compile reports what
+the driver checks before it launches a kernel: shared memory against the target's limit, registers against
+the register file, and the local memory its spills take (``kernels.aot``).
+
+The representative set, and why it is enough: float16 stands for both 16-bit types (same tile bytes; bfloat16
+is compiled too, on sm_80 and sm_90, and refused by name below sm_80); causal programs stand for both (they
+hold the unmasked and the masked loop); head dimensions 64, 128 and 256 (the padded widths the course uses,
+the largest one each space has), plus 32 for the tuning spaces; float32 at D = 64 for the CUDA-core path of
+notebooks 05 to 09.
+
+    python -m flashattn.measure.compile_targets [--targets sm_75 sm_90] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import os
+import sys
+import time
+
+import torch
+
+from flashattn.kernels import aot, backward, device, fast, fast_backward, fast_options, naive, v1, v2
+from flashattn.kernels.constants import LOG2_E
+from flashattn.validate import TILE_KEYS
+
+B, H, N = 1, 2, 256  # the example problem: only its dtypes, strides and alignments reach the compiler
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One kernel with one configuration, as a launch on ``target`` would compile it."""
+
+    kernel: str  # "fast forward", ...
+    target: tuple[int, int]
+    detail: str  # dtype, D, tiles
+    build: object  # () -> (jit function, args, constexprs, launch options, estimated shared bytes or None)
+
+
+def _qkv(D: int, dtype: torch.dtype, n: int = N):
+    q, k, v = (torch.empty(B, H, n, D, dtype=dtype) for _ in range(3))
+    return q, k, v, torch.empty_like(q), torch.empty(B, H, n, dtype=torch.float32)
+
+
+def _fast_forward(where: device.Target, D: int, dtype: torch.dtype, config: dict, use_tma: bool):
+    q, k, v, o, lse = _qkv(D, dtype)
+    tiles = tuple(config[k] for k in TILE_KEYS)
+    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), H, 1, N, N, 0.1 * LOG2_E.value)
+    if use_tma:
+        from flashattn.kernels import descriptors
+        args = (descriptors.rows(q, tiles[0]), descriptors.rows(k, tiles[1]), descriptors.rows(v, tiles[1]), *args[3:])
+    constexprs = dict(D=D, D_PAD=fast_options.padded_head_dim(D), BLOCK_M=tiles[0], BLOCK_N=tiles[1], CAUSAL=True,
+                      MORE_QUERIES=False, USE_TMA=use_tma, PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                      STORE_LSE=True)
+    options = dict(num_warps=tiles[2], num_stages=tiles[3], maxnreg=config.get("maxnreg"))
+    return fast.attn_kernel_fast, args, constexprs, options, fast_options.forward_shared_bytes(tiles, D, dtype, where)
+
+
+def _gluon_forward(where: device.Target, D: int, dtype: torch.dtype, config: dict):
+    from flashattn.kernels import descriptors, fast_gluon
+
+    q, k, v, o, lse = _qkv(D, dtype)
+    opts = fast_options.FastOptions(gluon=True, autotune=False, use_tma=True, **config)
+    ws = opts.schedule != "single"
+    args = (descriptors.gluon_rows(q, opts.block_m), descriptors.gluon_rows(k, opts.block_n),
+            descriptors.gluon_rows(v, opts.block_n), o, lse, N, B * H, 0.1)
+    constexprs = dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=True,
+                      STORE_LSE=True, OVERLAP=True, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
+                      CONSUMERS=opts.consumers if ws else 2)
+    options = dict(num_warps=opts.num_warps, maxnreg=fast_options.WS_MAXNREG[opts.consumers] if ws else None)
+    return fast_gluon.attn_kernel_gluon, args, constexprs, options, None
+
+
+def _fast_backward(where: device.Target, kernel: str, D: int, dtype: torch.dtype, tiles: tuple, atomic: bool,
+                   use_tma: bool):
+    from flashattn.kernels import descriptors
+
+    q, k, v, o, lse = _qkv(D, dtype)
+    bm, bn, warps, stages = tiles
+    dq_acc = torch.empty(q.shape, dtype=torch.float32) if atomic else None
+    named = dict(Q=q, K=k, V=v, DO=o)
+    if use_tma:
+        named = {name: descriptors.rows(t, bm if name in ("Q", "DO") else bn) for name, t in named.items()}
+    scalars = (N, N, H, H, 0.1 * LOG2_E.value, 0.1)
+    common = dict(D=D, D_PAD=fast_options.padded_head_dim(D), BLOCK_M=bm, BLOCK_N=bn, GROUP=1, CAUSAL=True,
+                  USE_TMA=use_tma, PRECISION="ieee" if dtype == torch.float32 else "tf32")
+    if kernel == "dkdv":
+        dq_desc = descriptors.rows(dq_acc, bm) if use_tma and atomic else None
+        args = (named["Q"], named["K"], named["V"], named["DO"], torch.empty_like(k), torch.empty_like(v), lse, lse,
+                dq_acc, dq_desc, *scalars)
+        fn, constexprs = fast_backward.bwd_dkdv_fast, dict(common, DQ_ATOMIC=atomic)
+    else:
+        args = (named["Q"], named["K"], named["V"], named["DO"], torch.empty_like(q), lse, lse, *scalars)
+        fn, constexprs = fast_backward.bwd_dq_fast, common
+    estimate = fast_options.backward_shared_bytes(kernel, tiles, D, dtype, where)
+    return fn, args, constexprs, dict(num_warps=warps, num_stages=stages), estimate
+
+
+def _gluon_backward(D: int, dtype: torch.dtype):
+    from flashattn.kernels import descriptors
+    from flashattn.kernels import fast_backward_gluon as fbg
+
+    q, k, v, o, lse = _qkv(D, dtype)
+    bm, bn = fbg.BLOCK_M.value, fbg.BLOCK_N.value
+    dq_acc = torch.empty(q.shape, dtype=torch.float32)
+    args = (descriptors.gluon_rows(q, bm), descriptors.gluon_rows(k, bn), descriptors.gluon_rows(v, bn),
+            descriptors.gluon_rows(o, bm), descriptors.gluon_vector(lse, bm), descriptors.gluon_vector(lse, bm),
+            descriptors.gluon_rows(dq_acc, bm), torch.empty_like(k), torch.empty_like(v), N, 0.1, 0.1)
+    return (fbg.bwd_kernel_gluon, args, dict(D=D, CAUSAL=True, STAGES=fbg.STAGES[D]),
+            dict(num_warps=4, maxnreg=fbg.MAXNREG), None)
+
+
+def _v2(where: device.Target, variant: str, D: int, dtype: torch.dtype):
+    q, k, v, o, lse = _qkv(D, dtype)
+    opts = (v2.padded_default_options if variant == "v2_padded" else v2.default_options)(dtype, D, "gpu")
+    d_pad = max(16, v2.compute_padded_headdim(D)) if variant == "v2_padded" else D
+    k_transposed = variant in ("v2_kt", "v2_kt_view")
+    args = (q, k, v, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(), H, N, 0.1)
+    constexprs = dict(LSE=lse, D=D, D_PAD=d_pad, BLOCK_M=opts["block_m"], BLOCK_N=opts["block_n"], CAUSAL=True,
+                      PRECISION="ieee", K_TRANSPOSED=k_transposed, DEFERRED_NORM=True, USE_EXP2=False, STORE_LSE=True)
+    tiles = tuple(opts[k] for k in TILE_KEYS)
+    return (v2.attn_kernel_v2, args, constexprs, dict(num_warps=opts["num_warps"], num_stages=opts["num_stages"]),
+            fast_options.forward_shared_bytes(tiles, d_pad, dtype, where))
+
+
+def _v1(where: device.Target, D: int, dtype: torch.dtype):
+    q, k, v, o, lse = _qkv(D, dtype)
+    opts = v1.default_options(dtype, D, "gpu")
+    m = torch.empty(B * H, N)
+    args = (q, k, v, o, m, m, *q.stride(), *k.stride(), *v.stride(), *o.stride(), H, N, 0.1)
+    constexprs = dict(D=D, BLOCK_M=opts["block_m"], BLOCK_N=opts["block_n"], CAUSAL=True, PRECISION="ieee",
+                      UPDATE=v1.v1_update)
+    tiles = tuple(opts[k] for k in TILE_KEYS)
+    return (v1.attn_kernel_v1, args, constexprs, dict(num_warps=opts["num_warps"], num_stages=opts["num_stages"]),
+            v1._shared_bytes(tiles, D, dtype))
+
+
+def _naive(which: str, D: int, dtype: torch.dtype):
+    q, k, v, o, _ = _qkv(D, dtype)
+    opts = naive.default_options(dtype, D, "gpu")
+    bm, bn = opts["block_m"], opts["block_n"]
+    S, P = torch.empty(B, H, N, N), torch.empty(B, H, N, N, dtype=dtype)
+    launch = dict(num_warps=opts["num_warps"], num_stages=opts["num_stages"])
+    if which == "scores":
+        return (naive.scores_kernel, (q, k, S, *q.stride(), *k.stride(), H, N, 0.1),
+                dict(D=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, PRECISION="ieee"), launch, None)
+    if which == "softmax":
+        return naive.softmax_kernel, (S, P, N), dict(BLOCK_M=bm, BLOCK_N=bn), launch, None
+    return (naive.pv_kernel, (P, v, o, *v.stride(), *o.stride(), H, N),
+            dict(D=D, BLOCK_M=bm, BLOCK_N=bn, PRECISION="ieee"), launch, None)
+
+
+def _teaching_backward(where: device.Target, kernel: str, D: int, dtype: torch.dtype):
+    q, k, v, o, lse = _qkv(D, dtype)
+    opts = backward.default_options(dtype, D, "gpu")
+    tiles = tuple(opts[key] for key in TILE_KEYS)
+    constexprs = dict(D=D, BLOCK_M=tiles[0], BLOCK_N=tiles[1], CAUSAL=True, PRECISION="ieee")
+    launch = dict(num_warps=tiles[2], num_stages=tiles[3])
+    if kernel == "dkdv":
+        args = (q, k, v, o, lse, lse, torch.empty_like(k), torch.empty_like(v), N, 0.1)
+        fn = backward.bwd_dkdv_kernel
+    else:
+        args = (q, k, v, o, lse, lse, torch.empty_like(q), N, 0.1)
+        fn = backward.bwd_dq_kernel
+    return fn, args, constexprs, launch, fast_options.backward_shared_bytes(kernel, tiles, D, dtype, where)
+
+
+def cases(where: device.Target) -> list[Case]:
+    """The representative set for one target (see the module docstring)."""
+    t = where.capability
+    out = []
+    dtypes = [torch.float16] + ([torch.bfloat16] if where.bf16 and t in ((8, 0), (9, 0)) else [])
+    with device.pretend(where):
+        for dtype in dtypes:
+            for D in (32, 64, 128, 256) if dtype == torch.float16 else (128,):
+                for config in fast_options.tuning_configs(D, dtype, where=where):
+                    tiles = tuple(config[k] for k in TILE_KEYS)
+                    out.append(Case("fast forward (Triton)", t, f"{dtype} D={D} {tiles}",
+                                    _bind(_fast_forward, where, D, dtype, config, where.hopper and D >= 16)))
+                for atomic in (False, True):
+                    for kernel in ("dkdv",) if atomic else ("dkdv", "dq"):
+                        for tiles in fast_options.tuning_space(kernel, D, dtype, atomic, where):
+                            name = f"fast backward {kernel}{' (atomic dQ)' if atomic else ''}"
+                            build = _bind(_fast_backward, where, kernel, D, dtype, tiles, atomic, where.hopper)
+                            out.append(Case(name, t, f"{dtype} D={D} {tiles}", build))
+            if where.hopper:
+                for D in fast_options.GLUON_SPACE:
+                    for config in fast_options.tuning_configs(D, dtype, gluon=True):
+                        out.append(Case("fast forward (Gluon)", t, f"{dtype} D={D} {config['schedule']} "
+                                        f"{tuple(config[k] for k in TILE_KEYS)}",
+                                        _bind(_gluon_forward, where, D, dtype, config)))
+                    out.append(Case("fast backward (Gluon)", t, f"{dtype} D={D}", _bind(_gluon_backward, D, dtype)))
+        for dtype in (torch.float16, torch.float32):
+            for D in (64, 128):
+                for variant in ("v2", "v2_kt", "v2_padded"):
+                    out.append(Case(f"{variant} (defaults)", t, f"{dtype} D={D}", _bind(_v2, where, variant, D, dtype)))
+                out.append(Case("v1 (defaults)", t, f"{dtype} D={D}", _bind(_v1, where, D, dtype)))
+                for kernel in ("dkdv", "dq"):
+                    out.append(Case(f"teaching backward {kernel} (defaults)", t, f"{dtype} D={D}",
+                                    _bind(_teaching_backward, where, kernel, D, dtype)))
+            for which in ("scores", "softmax", "pv"):
+                out.append(Case(f"naive {which} (defaults)", t, f"{dtype} D=64", _bind(_naive, which, 64, dtype)))
+        for config in fast_options.tuning_configs(64, torch.float32, where=where):
+            tiles = tuple(config[k] for k in TILE_KEYS)
+            out.append(Case("fast forward (Triton)", t, f"torch.float32 D=64 {tiles}",
+                            _bind(_fast_forward, where, 64, torch.float32, config, False)))
+    return out
+
+
+def _bind(fn, *args):
+    return lambda: fn(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    kernel: str
+    target: tuple[int, int]
+    detail: str
+    compiled: aot.Compiled
+    estimate: int | None  # the shared memory the tiles were chosen by (None: a fixed Hopper kernel)
+    seconds: float
+
+
+def run_case(case: Case) -> Result:
+    where = device.TARGETS[case.target]
+    t0 = time.perf_counter()
+    with device.pretend(where):
+        fn, args, constexprs, options, estimate = case.build()
+    options = {k: v for k, v in options.items() if v is not None}
+    compiled = aot.compile_for(fn, args, constexprs, where, num_warps=options.pop("num_warps", 4),
+                               num_stages=options.pop("num_stages", 3), maxnreg=options.pop("maxnreg", None),
+                               name=case.kernel)
+    return Result(case.kernel, case.target, case.detail, compiled, estimate, time.perf_counter() - t0)
+
+
+def _run_indices(args: tuple) -> list[Result]:
+    """A worker's share: the cases of ``targets`` at ``indices`` (cases are rebuilt in the worker: they hold
+    closures)."""
+    targets, indices = args
+    every = [c for t in targets for c in cases(device.TARGETS[t])]
+    return [run_case(every[i]) for i in indices]
+
+
+def run(targets=None, jobs: int = 1) -> list[Result]:
+    """Compile every case for ``targets`` (capabilities; default: all), in ``jobs`` processes."""
+    targets = [tuple(t) for t in (targets or device.TARGETS)]
+    every = [c for t in targets for c in cases(device.TARGETS[t])]
+    if jobs <= 1:
+        return [run_case(c) for c in every]
+    # slow compiles (sm_75's CUDA-core code) spread over the workers: deal the cases out in turn
+    shares = [(targets, list(range(i, len(every), jobs))) for i in range(jobs)]
+    ctx = __import__("multiprocessing").get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        done = [r for part in pool.map(_run_indices, shares) for r in part]
+    order = {(r.kernel, r.target, r.detail): r for r in done}
+    return [order[(c.kernel, c.target, c.detail)] for c in every]
+
+
+def table(results: list[Result]) -> str:
+    """A Markdown table: kernel × target, with shared memory, registers, spills and the verdict."""
+    lines = ["| kernel | configuration | target | shared memory (B) | limit (B) | registers | spills (B) | verdict |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in results:
+        c = r.compiled
+        shown = ["-" if x is None else x for x in (c.shared_bytes, c.registers, c.spill_bytes)]
+        lines.append(f"| {r.kernel} | {r.detail} | {c.target} | {shown[0]} | {c.limit_shared} | {shown[1]} | "
+                     f"{shown[2]} | {c.verdict()} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", nargs="*", help="e.g. sm_75 sm_90 (default: every target)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    targets = [(int(t[3]), int(t[4])) for t in args.targets] if args.targets else None
+    results = run(targets, args.jobs)
+    print(table(results))
+    bad = [r for r in results if not r.compiled.fits]
+    print(f"\n{len(results)} compiles, {len(bad)} that would not launch", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
