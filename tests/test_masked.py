@@ -68,6 +68,7 @@ def test_window_against_torch_and_its_blocks(L, S, left, right, causal, hkv, gro
                                   dkdv_tiles=(bn, bm, 4, 1))
     mask = mb.window_mask(L, S, (left, right), causal, device=q.device)
     check(out, grads, *torch_reference(q, k, v, do, mask), dtype)
+    counts = {name: c.cpu() for name, c in counts.items()}
     # the work: every program computed exactly the tiles the window leaves, as full or partial as they are
     assert torch.equal(counts["forward"][0, 0], mb.counts(mb.window_kinds(L, S, bm, bn, (left, right), causal)))
     assert torch.equal(counts["dq"], counts["forward"])
@@ -81,7 +82,7 @@ def test_window_skips_what_it_should_at_a_longer_length():
     q, k, v = (randn(1, 1, 512, 16, dtype=torch.float16, gen=gen) for _ in range(3))
     counts = {}
     out, _ = masking.masked_forward(q, k, v, causal=True, window=(63, 0), tiles=(32, 32, 4, 1), counts=counts)
-    full, partial = counts["forward"][0, 0].sum(0).tolist()
+    full, partial = counts["forward"][0, 0].sum(0).tolist()  # (tolist: on any device)
     assert (full, partial) == (15, 30)  # past the first Q block: one full key block, the diagonal and the left edge
     assert rel_error(out, torch_reference(q, k, v, q, mb.window_mask(512, 512, (63, 0), True))[0].half()) < TOL[
         torch.float16]
@@ -139,6 +140,7 @@ def test_varlen_against_torch_and_its_blocks(lengths_q, data, left, right, causa
     mask = mb.document_mask(lengths_q, lengths_k, (left, right), causal, device=q.device)
     ref_out, ref_grads = torch_reference(heads(q), heads(k), heads(v), heads(do), mask)
     check(heads(out), [heads(g) for g in grads], ref_out, ref_grads, dtype)
+    counts = {name: c.cpu() for name, c in counts.items()}
     for doc, (lq, lk) in enumerate(zip(lengths_q, lengths_k, strict=True)):
         kinds = mb.window_kinds(lq, lk, bm, bn, (left, right), causal, offset=lk - lq)
         forward, by_key = counts["forward"][:, doc], counts["dkdv"][:, doc]
@@ -216,7 +218,8 @@ def test_attn_mask_blocks_and_counts():
     counts = {}
     forward_backward(q, k, v, do, counts, attn_mask=mask.expand(2, 2, 64, 64), tiles=(16, 16, 4, 1),
                      dkdv_tiles=(16, 16, 4, 1))
-    kinds = mb.classify(mask, 16, 16, shape=(64, 64))  # (2, 1, 4, 4)
+    kinds = mb.classify(mask, 16, 16, shape=(64, 64)).cpu()  # (2, 1, 4, 4)
+    counts = {name: c.cpu() for name, c in counts.items()}
     assert torch.equal(counts["forward"], mb.counts(kinds).transpose(0, 1).expand(2, 2, 4, 2))
     assert counts["forward"][:, 0].sum(-2).tolist() == [[4, 4]] * 2  # sequence 0: 1 full and 1 partial per Q block
     assert torch.equal(counts["dkdv"], mb.counts(kinds, dim=-2).transpose(0, 1).expand(2, 2, 4, 2))
