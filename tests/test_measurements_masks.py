@@ -51,6 +51,7 @@ def test_every_kernel_of_a_cell_computes_the_same(problem, monkeypatch):
     state, mods = masks.flex_mask_mods("cpu")
     fns = masks.kernels(problem, "cpu", state, mods, flex_attention)
     assert set(fns) == {"ours", "flex", "sdpa", "fast_full"}
+    assert masks.reference_rows(problem, q, k, v)[2].shape == (64, 16)  # 256 rows asked: all 64 there are
     b, rows, ref = masks.reference_rows(problem, q, k, v, rows=20)
     outs = {name: masks.timed(fn, q, k, v, do, training=False)() for name, fn in fns.items() if name != "fast_full"}
     for name, out in outs.items():

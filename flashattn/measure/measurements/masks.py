@@ -11,9 +11,11 @@ mask through ``attn_mask`` (B = 4 sequences of 16k, each with a random valid len
   that fits: up to N = 16k (:data:`SDPA_MAX_N`);
 * ``fast_full``: ``fast`` on the whole length (causal; not causal for padding), what one runs without masks.
 
-TFLOP/s count the pairs the mask keeps (4·D FLOP per pair forward, 3.5× that forward+backward), the same for
-every kernel; the ratios are times. ``tiles``: how many tiles each kernel computes, and ``time_per_tile_vs_full``:
-our time per computed tile over ``fast_full``'s time per tile of its problem (1: time proportional to the tiles).
+``tflops`` count the pairs the mask keeps (4·D FLOP per pair forward, 3.5× that forward+backward), the same for
+every kernel; ``tflops_computed`` the pairs of the tiles each kernel computes (its hardware rate: ours and
+FlexAttention by their computed tiles, SDPA every pair, ``fast_full`` causal's); the ratios are times.
+``tiles``: how many tiles each kernel computes, and ``time_per_tile_vs_full``: our time per computed tile over
+``fast_full``'s time per tile of its problem (1: time proportional to the tiles).
 
 The cut (to fit about 6 minutes on an H200, most of it FlexAttention's compiles: one forward and one backward
 per (mask kind, N, dtype, D), the windows of one N sharing them): cells run in groups by (dtype, D), fp16 D = 128
@@ -224,6 +226,7 @@ def timed(fn, q, k, v, do, training: bool):
 def reference_rows(p: Problem, q, k, v, rows: int = 256) -> tuple[int, slice, torch.Tensor]:
     """Float64 output of the last ``rows`` queries of head 0 of the batch with the fewest valid keys."""
     b = min(range(p.B), key=lambda i: p.lengths[i]) if p.kind == "padding" else 0
+    rows = min(rows, p.N)
     sl = slice(p.N - rows, p.N)
     if p.kind == "window":  # only these rows of the mask (at N = 64k the whole one is 4 GB)
         mask = mask_blocks.window_mask(rows, p.N, (p.window - 1, 0), causal=True, offset=p.N - rows, device=q.device)
@@ -282,10 +285,15 @@ def measure_cell(p: Problem, dtype_name: str, D: int, training: bool, fns: dict,
     bm, bn = masked.tiles_for(dtype, D)[0][:2]
     ours_tiles = computed_tiles(tile_kinds(p, bm, bn, device, per_document=p.kind == "documents"))
     full_pairs = p.B * (p.N * (p.N + 1) // 2 if p.causal else p.N * p.N)
+    flex_tiles = computed_tiles(tile_kinds(p, FLEX_BLOCK, FLEX_BLOCK, device))
+    computed = {"ours": ours_tiles * bm * bn, "flex": flex_tiles * FLEX_BLOCK ** 2, "sdpa": p.B * p.N * p.N,
+                "fast_full": full_pairs}  # the pairs each kernel computes: its tiles, whole
+    per_pair = 4 * D * HEADS * (TRAINING_FACTOR if training else 1)
     row.update(ms_rounds=times, ms={n: t for n, t in ms.items() if t is not None},
                tflops={n: flop / (t * 1e-3) / 1e12 for n, t in ms.items() if t is not None},
-               tiles={"ours": ours_tiles, "ours_block": [bm, bn],
-                      "flex": computed_tiles(tile_kinds(p, FLEX_BLOCK, FLEX_BLOCK, device)), "flex_block": FLEX_BLOCK},
+               tflops_computed={n: per_pair * computed[n] / (t * 1e-3) / 1e12 for n, t in ms.items()
+                                if t is not None},
+               tiles={"ours": ours_tiles, "ours_block": [bm, bn], "flex": flex_tiles, "flex_block": FLEX_BLOCK},
                kept_pairs=kept_pairs(p))
     if "ours" in ms:
         row["vs"] = {n: t / ms["ours"] for n, t in ms.items() if t is not None and n != "ours"}
@@ -346,7 +354,8 @@ def masks_vs_flex(groups=None, budget_s: float = BUDGET_S, cells=None) -> dict:
     skipped = [g for g in skipped if not any((r["dtype"], r["D"]) == (g["dtype"], g["D"]) for r in carried)]
     return {"rows": rows + carried, "skipped": skipped, "heads": HEADS, "rounds": ROUNDS,
             "seconds": time.perf_counter() - t0,
-            "flop_convention": "4·D FLOP per (query, key) pair the mask keeps, per head; forward+backward 3.5×",
+            "flop_convention": "tflops: 4·D FLOP per (query, key) pair the mask keeps, per head; tflops_computed: per "
+                               "pair of the tiles each kernel computes; forward+backward 3.5×",
             "notes": "per cell, every kernel timed on the same inputs in interleaved rounds (do_bench medians, each "
                      "kernel's median over the rounds); vs: the kernel's time over ours (> 1: ours faster); flex: "
                      "torch.compile'd flex_attention, its BlockMask built once per cell; sdpa: the dense mask, up to "

@@ -2,6 +2,7 @@
 
     python tools/gpu/masks/probe.py               # summary on stdout; details in $OUT/masks_probe.json and .log
     PROBE_DRY=1 python tools/gpu/masks/probe.py   # the same script on the CPU, interpreter, toy sizes (checks it)
+    PROBE_SHAPES=2,3 python tools/gpu/masks/probe.py   # the sweep on some shapes only (the rest of a budget cut)
 
 1. compiles our masked kernels for every tile candidate of the timed shapes in parallel worker processes
    (Triton's disk cache then serves this process);
@@ -37,6 +38,11 @@ if DRY:
 HEADS = 2 if DRY else 16
 DTYPES = ("float16",) if DRY else ("float16", "bfloat16")
 TOL = {"float16": 5e-3, "bfloat16": 4e-2}
+# the correctness phase's (dtype, D): gradients too but at D = 96 (forward only)
+CHECKED = (("float16", 32),) if DRY else (("float16", 64), ("float16", 128), ("bfloat16", 64), ("bfloat16", 128),
+                                          ("float16", 96))
+# PROBE_SHAPES=0,2: sweep only these of problems() (by index; default: all, in order, while the budget lasts)
+SHAPES = [int(i) for i in os.environ.get("PROBE_SHAPES", "").split(",") if i.strip()]
 
 
 def log(*args):
@@ -55,8 +61,8 @@ def problems():
                 ("documents, N=128, D=32", Problem("documents", 128, lengths=document_lengths(128, bounds=(1, 50))),
                  32)]
     return [("window 1k, N=16k, D=128", Problem("window", 16384, window=1024), 128),
-            ("window 256, N=16k, D=64", Problem("window", 16384, window=256), 64),
             ("documents, N=16k, D=128", Problem("documents", 16384, lengths=document_lengths(16384)), 128),
+            ("window 256, N=16k, D=64", Problem("window", 16384, window=256), 64),
             ("padding, B=4 N=16k, D=128", Problem("padding", 16384, B=4, lengths=padding_lengths(4, 16384)), 128)]
 
 
@@ -129,10 +135,19 @@ def compile_task(task):
     try:
         import torch
 
-        p, D = {n: (p, D) for n, p, D in problems()}[name]
+        from flashattn.measure.measurements.masks import Problem
+
+        shapes = {n: (p, D) for n, p, D in problems()}
+        if name in shapes:
+            p, D = shapes[name]
+        else:  # "check <kind> <D>": a small problem of the correctness phase's kind (the same specializations)
+            _, kind, D = name.split()
+            p, D = {"window": Problem("window", 256, window=64), "documents": Problem("documents", 256,
+                    lengths=(1, 100, 154, 1)), "padding": Problem("padding", 256, B=2, lengths=(256, 77))}[kind], int(D)
         q, k, v, do = make(p, D, dtype_name, heads=2)
-        ours(p, q, k, v, do, tiles, dkdv, dq, training=dkdv is not None)
-        torch.cuda.synchronize()
+        ours(p, q, k, v, do, tiles, dkdv, dq, training=dkdv is not None or name.startswith("check"))
+        if not DRY:
+            torch.cuda.synchronize()
         return name, str(tiles), time.time() - t0, None
     except Exception as err:  # noqa: BLE001
         return name, str(tiles), time.time() - t0, f"{type(err).__name__}: {str(err)[:200]}"
@@ -145,6 +160,9 @@ def precompile():
         tasks += [(name, "float16", t, None, None) for t in fwd]
         tasks += [(name, "float16", fwd[0], t, dq[0]) for t in dkdv] + [(name, "float16", fwd[0], dkdv[0], t)
                                                                         for t in dq[1:]]
+    for dt, D in CHECKED:  # the correctness phase's kernels, at their default tiles
+        for kind in ("window", "documents", "padding"):
+            tasks.append((f"check {kind} {D}", dt, None, None, None))
     workers = max(1, min(14, (os.cpu_count() or 4) - 2))
     log(f"precompiling {len(tasks)} tasks in {workers} processes")
     with mp.get_context("spawn").Pool(workers) as pool:
@@ -166,8 +184,7 @@ def correctness(results):
              Problem("documents", N, lengths=(1, *document_lengths(N - 2, bounds=(N // 128, N // 4)), 1)),
              Problem("padding", N, B=2, lengths=padding_lengths(2, N))]
     rows = []
-    for dt, D in ((("float16", 32),) if DRY else
-                  (("float16", 64), ("float16", 128), ("bfloat16", 64), ("bfloat16", 128), ("float16", 96))):
+    for dt, D in CHECKED:
         for p in cases:
             q, k, v, do = make(p, D, dt)
             b, sl, ref = reference_rows(p, q, k, v)
@@ -324,9 +341,10 @@ def first_calls(fns: dict, where: str) -> dict:
 
 
 def sweep(results, flex):
-    """fp16 on every shape, then bf16 on the first (each costs FlexAttention two compiles, about half a minute)."""
-    shapes = problems()
-    order = [(shape, "float16") for shape in shapes] + ([] if DRY else [(shapes[0], "bfloat16")])
+    """fp16 on every shape, then bf16 on the first (each costs FlexAttention two compiles, about half a minute),
+    while the budget lasts; PROBE_SHAPES narrows it."""
+    shapes = [shape for i, shape in enumerate(problems()) if not SHAPES or i in SHAPES]
+    order = [(shape, "float16") for shape in shapes] + ([] if DRY or not shapes else [(shapes[0], "bfloat16")])
     rows = []
     for (name, p, D), dt in order:
         if time.time() - T0 > BUDGET_S:
