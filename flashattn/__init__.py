@@ -20,6 +20,7 @@ from . import runtime  # noqa: I001  (must come before the kernels)
 from .functional import attention, scaled_dot_product_attention
 from .kernels import VARIANTS
 from .kernels.decode import attention_with_kvcache
+from .masking import attention_varlen
 from .reference import reference
 from .runtime import describe
 
@@ -52,7 +53,7 @@ MODULES = {
     "distributed": "flashattn.distributed",
 }
 
-__all__ = ["VARIANTS", "attention", "attention_with_kvcache", "describe", "reference", "runtime",
+__all__ = ["VARIANTS", "attention", "attention_varlen", "attention_with_kvcache", "describe", "reference", "runtime",
            "scaled_dot_product_attention", *MODULES]
 
 

@@ -288,3 +288,51 @@ def ring_work_widget(**overrides) -> FigureWidget:
     }
     return FigureWidget(ring_work_view, controls, [["world_size", "layout", "causal"]], n_local=settings["n_local"],
                         block=settings["block"])
+
+
+# --- the tiles a mask skips (notebook 14) -------------------------------------------------------
+
+from flashattn.models import mask_tiles  # noqa: E402
+from flashattn.teaching.schedule_plots import plot_tile_kinds  # noqa: E402
+
+MASK_N = (512, 1024, 2048, 4096)
+MASK_BLOCKS = (16, 32, 64, 128)
+MASK_WINDOWS = (64, 128, 256, 512, 1024)
+MASK_DOCUMENTS = (2, 3, 4, 6, 8, 16)
+MASK_VALID = (0.25, 0.5, 0.6, 0.75, 0.9)
+
+
+def mask_defaults() -> dict:
+    """A sliding window of 256 keys at N = 2048 with fast's 128 × 64 tiles."""
+    return dict(mask="sliding window", N=2048, block_m=128, block_n=64, window=256, documents=4, valid=0.6)
+
+
+def mask_view(mask, N, block_m, block_n, window, documents, valid):
+    """The pure computation behind :func:`mask_widget`: ``(figure, summary)``, the summary that of
+    ``mask_tiles.tiles`` with a one-line ``text``."""
+    kinds, found = mask_tiles.tiles(mask, N, block_m, block_n, window=window, documents=documents, valid=valid)
+    fig = plot_tile_kinds(kinds, f"{mask}, N = {N}", block_m=block_m, block_n=block_n)
+    text = (f"{mask}, N={N}, tiles {block_m}×{block_n}: {found['computed']} of {found['tiles']} tiles computed "
+            f"({found['vs_dense']:.1%} of dense, {found['vs_causal']:.0%} of causal's), {found['partial']} of them "
+            f"masked")
+    if mask == "documents":
+        text += f"; attention_varlen (blocks start at each document): {found['varlen_computed']} tiles"
+    return fig, {**found, "text": text}
+
+
+def mask_widget(**overrides) -> FigureWidget:
+    """Dropdowns (mask, N, block_m, block_n, window, documents, valid fraction) over :func:`mask_view`."""
+    s = _settings(mask_defaults(), overrides, "mask_widget")
+    controls = {
+        "mask": _dropdown(mask_tiles.MASKS, s["mask"], "mask"),
+        "N": widgets.SelectionSlider(options=MASK_N, value=s["N"], description="N", continuous_update=False),
+        "block_m": _dropdown(MASK_BLOCKS, s["block_m"], "block_m"),
+        "block_n": _dropdown(MASK_BLOCKS, s["block_n"], "block_n"),
+        "window": _dropdown(MASK_WINDOWS, s["window"], "window"),
+        "documents": _dropdown(MASK_DOCUMENTS, s["documents"], "documents"),
+        "valid": _dropdown(MASK_VALID, s["valid"], "valid keys"),
+    }
+    for control in controls.values():
+        control.continuous_update = False
+    rows = [["mask", "N"], ["block_m", "block_n"], ["window", "documents", "valid"]]
+    return FigureWidget(mask_view, controls, rows)
