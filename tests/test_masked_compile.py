@@ -2,27 +2,17 @@
 ``flashattn.masking`` would compile them at their default tiles: what the interpreter cannot see (a GPU-only
 compile error, shared memory past the target's limit, a register file that does not fit) fails here."""
 
-import pytest
 import torch
 
 from flashattn import masking
-from flashattn.kernels import aot, mask_blocks, masked, masked_backward
-
-LAUNCHERS = (masked, masked_backward)
+from flashattn.kernels import aot, launch_cache, mask_blocks, masked, masked_backward
 
 
 def captured(run) -> list[tuple]:
     """The launches ``run()`` makes, recorded instead of run: (kernel, args, constexprs, options)."""
-    found = []
-    patch = pytest.MonkeyPatch()
-    for module in LAUNCHERS:
-        patch.setattr(module.launch_cache, "launch", lambda kernel, grid, args, constexprs, **options:
-                      found.append((kernel, args, constexprs, options)))
-    try:
+    with launch_cache.capturing() as found:
         run()
-    finally:
-        patch.undo()
-    return found
+    return [(kernel, args, constexprs, options) for kernel, _, args, constexprs, options in found]
 
 
 def launches(D: int, dtype=torch.float16) -> dict:

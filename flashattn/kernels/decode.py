@@ -31,6 +31,7 @@ import triton.language as tl
 from flashattn import runtime
 from flashattn.validate import check_kvcache_inputs, check_kvcache_values
 
+from . import device as gpu
 from . import launch_cache
 from .constants import LN_2, LOG2_E
 from .fast_options import padded_head_dim
@@ -256,8 +257,7 @@ def _device_facts(device: torch.device) -> tuple[int, int | None]:
     """(SM count, shared memory per block in bytes) of ``device``; nominal values in the interpreter."""
     if device.type != "cuda":
         return INTERPRETER_SM_COUNT, None
-    p = torch.cuda.get_device_properties(device)
-    return p.multi_processor_count, getattr(p, "shared_memory_per_block_optin", None)
+    return gpu.sm_count(), gpu.target().shared_bytes
 
 
 def choose_num_splits(programs: int, key_blocks: int, sm_count: int) -> int:

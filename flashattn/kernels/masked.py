@@ -30,6 +30,7 @@ from flashattn import runtime
 from . import launch_cache
 from .constants import LN_2, LOG2_E
 from .fast import _attend, _load_rows, _update
+from .fast_options import FALLBACK_SPACE, fitting, forward_shared_bytes, padded_head_dim
 
 REACH = 1 << 30  # an unbounded window side (-1) as a distance no key is farther than
 
@@ -47,15 +48,12 @@ FLOAT32_TILES = [(64, 32, 4, 2), (32, 32, 4, 2)]  # IEEE float32 on the CUDA cor
 INTERPRETER_TILES = (32, 32, 4, 1)  # small blocks: a test's few dozen keys still make several of them
 
 
-def padded_head_dim(D: int) -> int:
-    return max(16, triton.next_power_of_2(D))
-
-
 def tiles_for(dtype: torch.dtype, D: int, mode: str | None = None) -> list[tuple[int, int, int, int]]:
     """The forward's tile candidates for this dtype and head dimension (the first is the default)."""
     if (mode or runtime.MODE) == "interpreter":
         return [INTERPRETER_TILES]
-    return list(FLOAT32_TILES) if dtype == torch.float32 else list(FORWARD_TILES[padded_head_dim(D)])
+    space = list(FLOAT32_TILES) if dtype == torch.float32 else list(FORWARD_TILES[padded_head_dim(D)])
+    return fitting(space, FALLBACK_SPACE, lambda c: forward_shared_bytes(c, D, dtype), f"masked forward (D={D}, {dtype})")
 
 
 # --- the steps -----------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from flashattn import runtime
 from . import launch_cache
 from .constants import LOG2_E
 from .fast import _load_rows
+from .fast_options import BACKWARD_FALLBACK_SPACE, backward_shared_bytes, fitting
 from .masked import (
     _window_keep,
     _window_rows,
@@ -62,9 +63,10 @@ def tiles_for(kernel: str, dtype: torch.dtype, D: int, mode: str | None = None) 
     """The tile candidates of ``kernel`` ("dkdv" or "dq") for this dtype and head dimension (the first: default)."""
     if (mode or runtime.MODE) == "interpreter":
         return [INTERPRETER_TILES]
-    if dtype == torch.float32:
-        return list(FLOAT32_TILES)
-    return list({"dkdv": DKDV_TILES, "dq": DQ_TILES}[kernel][padded_head_dim(D)])
+    space = list(FLOAT32_TILES) if dtype == torch.float32 else list({"dkdv": DKDV_TILES, "dq": DQ_TILES}[kernel][
+        padded_head_dim(D)])
+    return fitting(space, BACKWARD_FALLBACK_SPACE, lambda c: backward_shared_bytes(kernel, c, D, dtype),
+                   f"masked backward, {kernel} kernel (D={D}, {dtype})")
 
 
 # --- the steps -----------------------------------------------------------------------------------------------

@@ -179,6 +179,44 @@ def _teaching_backward(where: device.Target, kernel: str, D: int, dtype: torch.d
     return fn, args, constexprs, launch, estimate
 
 
+def _captured_launches(where: device.Target, D: int, dtype: torch.dtype) -> dict:
+    """The kernels of masks (notebook 14) and decoding (notebook 15), as their host code launches them with the tiles
+    it picks on ``where`` (the launches recorded by ``launch_cache.capturing`` instead of run)."""
+    from flashattn import masking
+    from flashattn.kernels import decode, launch_cache, mask_blocks, masked, masked_backward
+
+    fwd = masked.tiles_for(dtype, D, mode="gpu")[0]
+    dkdv, dq = (masked_backward.tiles_for(k, dtype, D, mode="gpu")[0] for k in ("dkdv", "dq"))
+    q, k, v, do = (torch.zeros(1, 2, N, D, dtype=dtype) for _ in range(4))
+    o, lse = torch.empty_like(q), torch.zeros(1, 2, N)
+    cu = mask_blocks.cu_seqlens([100, N - 100])
+    packed = [t[0].transpose(0, 1) for t in (q, k, v, do, o)]
+    mask = torch.ones(N, N, dtype=torch.bool).tril()
+    masks = {"window": dict(window=(63, 0)), "attn_mask": dict(attn_mask=mask.expand(1, 2, N, N)),
+             "documents": dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=N - 100, max_seqlen_k=N - 100)}
+    found = {}
+    with launch_cache.capturing() as launches:
+        for name, kw in masks.items():
+            args, out, grad = ((packed[:3], (packed[4], lse[0]), packed[3]) if name == "documents"
+                               else ((q, k, v), (o, lse), do))
+            masking.masked_forward(*args, causal=True, tiles=fwd, **kw)
+            masking.masked_backward(*args, *out, grad, causal=True, dkdv_tiles=dkdv, dq_tiles=dq, **kw)
+        tiles = decode.tile_configs(D, dtype, where.shared_bytes, mode="gpu")[0]
+        cache = torch.zeros(2, N, 2, D, dtype=dtype)
+        decode.decode_attention(torch.zeros(2, 1, 8, D, dtype=dtype), cache, cache, N, num_splits=4, tiles=tiles)
+    kernels = {*masked.JIT_KERNELS, *masked_backward.JIT_KERNELS, decode.decode_split_kernel,
+               decode.decode_merge_kernel}
+    for kernel, _, args, constexprs, options in launches:
+        if kernel in kernels:
+            found.setdefault(kernel.fn.__name__, (kernel, args, constexprs, options))
+    return found
+
+
+def _captured_case(where: device.Target, D: int, dtype: torch.dtype, name: str):
+    kernel, args, constexprs, options = _captured_launches(where, D, dtype)[name]
+    return kernel, args, constexprs, dict(options), None
+
+
 def cases(where: device.Target) -> list[Case]:
     """The representative set for one target (see the module docstring)."""
     every = _cases(where)
@@ -229,6 +267,10 @@ def _cases(where: device.Target) -> list[Case]:
                                     _bind(_teaching_backward, where, kernel, D, dtype)))
             for which in ("scores", "softmax", "pv"):
                 out.append(Case(f"naive {which} (defaults)", t, f"{dtype} D=64", _bind(_naive, which, 64, dtype)))
+        for D in teaching_d:  # the kernels of notebooks 14 and 15 at the tiles they choose here
+            for name in _captured_launches(where, D, torch.float16):
+                out.append(Case(f"{name} (defaults)", t, f"torch.float16 D={D}",
+                                _bind(_captured_case, where, D, torch.float16, name)))
         for config in fast_options.tuning_configs(64, torch.float32, where=where):
             tiles = tuple(config[k] for k in TILE_KEYS)
             out.append(Case("fast forward (Triton)", t, f"torch.float32 D=64 {tiles}",
