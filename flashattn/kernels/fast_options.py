@@ -153,17 +153,18 @@ def gluon_available(dtype: torch.dtype, D: int, mode: str | None = None) -> bool
 # --- shared memory: what a configuration needs, before it is compiled ----------------------------------------
 
 def forward_shared_bytes(tiles: tuple, D: int, dtype: torch.dtype, where: device.Target | None = None,
-                         precision: str = "ieee") -> int:
-    """The Triton forward (fast.py, and v2's loop): Q kept, K and V streamed; S = Q·Kᵀ and P·V."""
+                         precision: str = "ieee", extra: int = 0) -> int:
+    """The Triton forward (fast.py, and v2's loop): Q kept, K and V streamed; S = Q·Kᵀ and P·V. ``extra``: what
+    else a variant stages (a mask's tiles)."""
     bm, bn, _, stages = tiles[:4]
     d = padded_head_dim(D)
     return device.tile_shared_bytes(element=dtype.itemsize, d=d, kept_rows=bm, streamed_rows=2 * bn, stages=stages,
-                                    dots=[(bm, bn, d), (bm, d, bn)], p_elements=bm * bn,
+                                    dots=[(bm, bn, d), (bm, d, bn)], p_elements=bm * bn, extra=extra,
                                     mma=dtype != torch.float32 or precision != "ieee", where=where)
 
 
 def backward_shared_bytes(kernel: str, tiles: tuple, D: int, dtype: torch.dtype, where: device.Target | None = None,
-                          precision: str = "ieee", atomic: bool = False, teaching: bool = False) -> int:
+                          precision: str = "ieee", atomic: bool = False, teaching: bool = False, extra: int = 0) -> int:
     """The Triton backward (fast_backward.py, backward.py): the dK/dV kernel keeps K and V and streams Q and dO
     (four products; with ``atomic`` a fifth, dQ, staged as float32), the dQ kernel keeps Q and dO and streams K and
     V (three products, dS made in registers). ``teaching``: backward.py's kernels, whose dK/dV kernel computes P
@@ -178,7 +179,7 @@ def backward_shared_bytes(kernel: str, tiles: tuple, D: int, dtype: torch.dtype,
         dots = [(bm, bn, d), (bm, bn, d), (bm, d, bn)]
     return device.tile_shared_bytes(element=dtype.itemsize, d=d, kept_rows=2 * kept, streamed_rows=2 * streamed,
                                     stages=stages, dots=dots, p_elements=p,
-                                    extra=4 * bm * (d + bn) if atomic else 0,
+                                    extra=(4 * bm * (d + bn) if atomic else 0) + extra,
                                     mma=dtype != torch.float32 or precision != "ieee", where=where)
 
 

@@ -53,7 +53,9 @@ def tiles_for(dtype: torch.dtype, D: int, mode: str | None = None) -> list[tuple
     if (mode or runtime.MODE) == "interpreter":
         return [INTERPRETER_TILES]
     space = list(FLOAT32_TILES) if dtype == torch.float32 else list(FORWARD_TILES[padded_head_dim(D)])
-    return fitting(space, FALLBACK_SPACE, lambda c: forward_shared_bytes(c, D, dtype), f"masked forward (D={D}, {dtype})")
+    # a dense mask's tiles (float32 at most, two in flight) ride beside K and V
+    return fitting(space, FALLBACK_SPACE, lambda c: forward_shared_bytes(c, D, dtype, extra=8 * c[0] * c[1]),
+                   f"masked forward (D={D}, {dtype})")
 
 
 # --- the steps -----------------------------------------------------------------------------------------------

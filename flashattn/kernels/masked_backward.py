@@ -65,7 +65,9 @@ def tiles_for(kernel: str, dtype: torch.dtype, D: int, mode: str | None = None) 
         return [INTERPRETER_TILES]
     space = list(FLOAT32_TILES) if dtype == torch.float32 else list({"dkdv": DKDV_TILES, "dq": DQ_TILES}[kernel][
         padded_head_dim(D)])
-    return fitting(space, BACKWARD_FALLBACK_SPACE, lambda c: backward_shared_bytes(kernel, c, D, dtype),
+    # a dense mask's tiles (float32 at most, two in flight) ride beside the streamed tiles
+    return fitting(space, BACKWARD_FALLBACK_SPACE, lambda c: backward_shared_bytes(kernel, c, D, dtype,
+                                                                                   extra=8 * c[0] * c[1]),
                    f"masked backward, {kernel} kernel (D={D}, {dtype})")
 
 
