@@ -19,6 +19,8 @@ import importlib
 from . import runtime  # noqa: I001  (must come before the kernels)
 from .functional import attention, scaled_dot_product_attention
 from .kernels import VARIANTS
+from .kernels.decode import attention_with_kvcache
+from .masking import attention_varlen
 from .reference import reference
 from .runtime import describe
 
@@ -48,9 +50,11 @@ MODULES = {
     "bench": "flashattn.bench",
     "record": "flashattn.record",
     "exercises": "flashattn.exercises",
+    "distributed": "flashattn.distributed",
 }
 
-__all__ = ["VARIANTS", "attention", "describe", "reference", "runtime", "scaled_dot_product_attention", *MODULES]
+__all__ = ["VARIANTS", "attention", "attention_varlen", "attention_with_kvcache", "describe", "reference", "runtime",
+           "scaled_dot_product_attention", *MODULES]
 
 
 def __getattr__(name):

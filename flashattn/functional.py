@@ -9,8 +9,11 @@
 * ``scaled_dot_product_attention(query, key, value, ...)``: a drop-in for torch's, with its signature and
   semantics, running ``fast`` forward and backward: (…, L, E) inputs with any leading dimensions, L ≠ S
   (``is_causal`` aligned top-left as torch aligns it: query i sees keys j <= i), grouped-query attention
-  (``enable_gqa``), head dimensions up to 256. ``attn_mask`` and ``dropout_p > 0`` are not implemented and
-  raise an error naming the argument; so does a value head dimension Ev ≠ E.
+  (``enable_gqa``), head dimensions up to 256. ``dropout_p > 0`` is not implemented and raises an error naming
+  the argument; so does a value head dimension Ev ≠ E.
+
+Masks (notebook 14) run in ``flashattn.masking``: ``attention(..., window=(left, right))`` and the drop-in's
+``attn_mask`` are routed there by :func:`_masked` (the only lines here that know about masks).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from flashattn import masking
 from flashattn.kernels import VARIANTS, registry
 
 BACKWARD_OPTIONS = ("input_precision",)  # forward options the backward follows (the tiles are its own)
@@ -66,7 +70,10 @@ class _ForwardOnly(torch.autograd.Function):
 
 def attention(q, k, v, *, variant: str = "v2", causal: bool = False, scale=None, **options):
     """Run one variant by name: ``attention(q, k, v, variant="v1", causal=True)``; differentiable for the
-    variants in :func:`with_backward`."""
+    variants in :func:`with_backward`. ``window=(left, right)`` (variant "fast"): a sliding window, see
+    :func:`flashattn.masking.attention`."""
+    if "window" in options:
+        return _masked(q, k, v, variant=variant, causal=causal, scale=scale, **options)
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; accepted: {', '.join(VARIANTS)}")
     if "return_lse" in options:
@@ -79,10 +86,16 @@ def attention(q, k, v, *, variant: str = "v2", causal: bool = False, scale=None,
     return function.apply(q, k, v, variant, causal, scale, options)
 
 
+def _masked(q, k, v, *, attn_mask=None, **kwargs):
+    """Masked calls (issue 30) go to ``flashattn.masking``: ``attention(..., window=...)`` with its keywords, and the
+    drop-in's (B, H, L, E) inputs with their ``attn_mask`` (checked and seen as (B, H, L, S) by
+    ``masking.sdpa_mask``) and ``is_causal``."""
+    if attn_mask is None:
+        return masking.attention(q, k, v, **kwargs)
+    return masking.scaled_dot_product_attention(q, k, v, attn_mask, **kwargs)
+
+
 def _check_sdpa_arguments(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
-    if attn_mask is not None:
-        raise ValueError("scaled_dot_product_attention: attn_mask is not supported here (only is_causal=True, the "
-                         "top-left causal mask); pass attn_mask=None, or use torch's own function for other masks")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p <= 1:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be a number from 0 to 1, got {dropout_p!r}")
     if dropout_p != 0:
@@ -133,9 +146,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dimensions (3-D (…, L, E) included: the dimension before L counts as the heads). ``is_causal``: query i sees
     keys j <= i (torch's top-left alignment when L ≠ S). ``enable_gqa``: Hq a multiple of Hkv, query head h
     reads key/value head h // (Hq / Hkv), as torch's ``repeat_interleave`` does, without copying them.
-    ``scale`` defaults to 1/sqrt(E).
+    ``scale`` defaults to 1/sqrt(E). ``attn_mask``: torch's (boolean, True = takes part, or float added to the
+    scores; broadcastable to (…, L, S), read without expanding it; combined with ``is_causal``), run by
+    ``flashattn.masking``: only the key blocks the mask leaves are computed.
     """
     _check_sdpa_arguments(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    mask = None if attn_mask is None else masking.sdpa_mask(attn_mask, query, key)
     (L, E), S = query.shape[-2:], key.shape[-2]
 
     def as_4d(t, length):  # (…, H, N, E) -> (B, H, N, E), a view wherever the strides allow it
@@ -145,5 +161,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             return t.reshape(1, 1, length, E)
         return t.reshape(math.prod(t.shape[:-3]), t.shape[-3], length, E)
 
+    if mask is not None:
+        out = _masked(as_4d(query, L), as_4d(key, S), as_4d(value, S), attn_mask=mask, is_causal=is_causal, scale=scale)
+        return out if out.shape == query.shape else out.reshape(query.shape)
     out = attention(as_4d(query, L), as_4d(key, S), as_4d(value, S), variant="fast", causal=is_causal, scale=scale)
     return out if out.shape == query.shape else out.reshape(query.shape)

@@ -40,3 +40,34 @@ def rel_error(out, ref) -> float:
         return float("inf")
     ref64 = ref.to(torch.float64)
     return ((out.to(device=ref.device, dtype=torch.float64) - ref64).norm() / ref64.norm().clamp_min(1e-300)).item()
+
+
+def reference_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True,
+                           softmax_scale=None) -> torch.Tensor:
+    """``flashattn.attention_with_kvcache`` computed in float64, sequence by sequence: returned in q.dtype.
+
+    q (B, Lq, Hq, D); k_cache, v_cache (B, S_max, Hkv, D), or paged (num_pages, page_size, Hkv, D) with block_table
+    (B, max_pages) naming each sequence's pages in order; cache_seqlens (B,) or an int: the valid keys of each
+    sequence, the new ones included. With ``causal``, query i sees keys j < cache_seqlens − Lq + i + 1 (bottom
+    right). Query head h reads key/value head h // (Hq / Hkv). Reads the lengths and the block table on the host.
+    """
+    B, Lq, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    scale = check_scale(softmax_scale, D)
+    lens = [cache_seqlens] * B if isinstance(cache_seqlens, int) else [int(n) for n in cache_seqlens.tolist()]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    for b, n in enumerate(lens):
+        if block_table is None:
+            k, v = k_cache[b, :n], v_cache[b, :n]
+        else:
+            page_size = k_cache.shape[1]
+            pages = block_table[b, : -(-n // page_size)].long()
+            k, v = (c[pages].reshape(-1, Hkv, D)[:n] for c in (k_cache, v_cache))
+        k, v = (t.double().transpose(0, 1).repeat_interleave(Hq // Hkv, dim=0) for t in (k, v))  # (Hq, n, D)
+        s = q[b].double().transpose(0, 1) @ k.transpose(-1, -2) * scale  # (Hq, Lq, n)
+        if causal:
+            limit = n - Lq + 1 + torch.arange(Lq, device=q.device)  # query i sees keys j < limit[i]
+            hidden = torch.arange(n, device=q.device)[None, :] >= limit[:, None]
+            s = s.masked_fill(hidden, float("-inf"))
+        out[b] = (torch.softmax(s, dim=-1) @ v).transpose(0, 1).to(q.dtype)
+    return out

@@ -7,6 +7,7 @@ crash deep inside Triton or, worse, as a silently wrong result.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -211,3 +212,141 @@ def check_o_lse_do(q, o, lse, do, *, variant: str) -> None:
     if not isinstance(lse, torch.Tensor) or lse.shape != rows or lse.dtype != torch.float32 or lse.device != q.device:
         raise ValueError(f"{variant}: lse must be the forward's float32 log-sum-exp, one per query row: {rows} "
                          f"(q's first three dimensions) on {q.device}; got {describe(lse)}")
+
+
+# --- attention over a key/value cache (notebook 15) ----------------------------------------------------------
+
+KVCACHE_HEAD_DIMS = range(1, 257)
+PAGE_MULTIPLE = 16  # a page holds a multiple of 16 keys
+
+
+def _describe(t) -> str:
+    return f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
+
+
+def check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits,
+                         max_splits: int) -> dict:
+    """The shapes, dtypes and devices of ``attention_with_kvcache``'s arguments (FlashAttention's
+    ``flash_attn_with_kvcache`` layout); nothing here reads a tensor's values (see :func:`check_kvcache_values`).
+
+    q (B, Lq, Hq, D); k_cache, v_cache (B, S_max, Hkv, D), or with ``block_table`` (num_pages, page_size, Hkv, D)
+    and block_table (B, max_pages) int32; cache_seqlens (B,) int32 or a Python int. Returns a dict with B, Lq, Hq,
+    Hkv, D, capacity (the keys one sequence can hold: S_max, or max_pages · page_size), page_size (0 without a
+    block table), num_pages, scale, causal, num_splits and seqlen (the int, or None for a tensor)."""
+    name = "attention_with_kvcache"
+    for arg, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            layout = "(B, Lq, Hq, D)" if arg == "q" else "(B, S_max, Hkv, D), or (num_pages, page_size, Hkv, D) " \
+                                                         "with a block_table"
+            raise ValueError(f"{name}: {arg} must have 4 dimensions {layout}, got shape {tuple(t.shape)}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"{name}: k_cache and v_cache must have one shape; got k_cache {tuple(k_cache.shape)}, "
+                         f"v_cache {tuple(v_cache.shape)}")
+    for arg, t in (("q", q), ("k_cache", k_cache)):
+        if any(s < 1 for s in t.shape):
+            raise ValueError(f"{name}: every dimension of {arg} must be >= 1, got {tuple(t.shape)}")
+    _check_dtype_device(q, k_cache, v_cache)
+    _check_kernel_dtype_device_and_d(q, name, q.shape[-1], KVCACHE_HEAD_DIMS)
+    (B, Lq, Hq, D), (n0, n1, Hkv, Dk) = q.shape, k_cache.shape
+    if Dk != D:
+        raise ValueError(f"{name}: q and the caches must have one head dimension D; got q {tuple(q.shape)}, "
+                         f"k_cache {tuple(k_cache.shape)}")
+    if Hq % Hkv:
+        raise ValueError(f"{name}: the query heads must be a multiple of the cache's key/value heads (grouped-query "
+                         f"attention); got Hq={Hq} (q {tuple(q.shape)}) and Hkv={Hkv} (k_cache {tuple(k_cache.shape)})")
+    if block_table is None:
+        if n0 != B:
+            raise ValueError(f"{name}: without a block_table, k_cache is (B, S_max, Hkv, D) with q's batch B={B}; got "
+                             f"k_cache {tuple(k_cache.shape)} (for a paged cache, pass block_table)")
+        capacity, page_size, num_pages = n1, 0, 0
+    else:
+        if not isinstance(block_table, torch.Tensor):
+            raise TypeError(f"{name}: block_table must be a torch.Tensor (B, max_pages) of int32 or None, got "
+                            f"{type(block_table).__name__}")
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"{name}: block_table must be int32 (as in FlashAttention), got {block_table.dtype}; "
+                            "convert it with .int()")
+        if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
+            raise ValueError(f"{name}: block_table must be (B, max_pages) with q's batch B={B}; got "
+                             f"{tuple(block_table.shape)}")
+        if block_table.device != q.device:
+            raise ValueError(f"{name}: block_table must be on q's device {q.device}, got {block_table.device}")
+        num_pages, page_size = n0, n1
+        if page_size % PAGE_MULTIPLE:
+            raise ValueError(f"{name}: a paged cache (num_pages, page_size, Hkv, D) needs page_size a multiple of "
+                             f"{PAGE_MULTIPLE}; got k_cache {tuple(k_cache.shape)} (page_size {page_size})")
+        capacity = block_table.shape[1] * page_size
+    seqlen = None
+    if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, (int, torch.Tensor)):
+        raise TypeError(f"{name}: cache_seqlens must be a (B,) int32 tensor or an int, got "
+                        f"{type(cache_seqlens).__name__}")
+    if isinstance(cache_seqlens, int):
+        if not Lq <= cache_seqlens <= capacity:
+            raise ValueError(f"{name}: cache_seqlens={cache_seqlens} must count the valid keys of each sequence, the "
+                             f"Lq={Lq} new ones included, and fit the cache: from {Lq} to {capacity}")
+        seqlen = cache_seqlens
+    else:
+        if cache_seqlens.dtype != torch.int32:
+            raise TypeError(f"{name}: cache_seqlens must be int32 (as in FlashAttention), got {cache_seqlens.dtype}; "
+                            "convert it with .int()")
+        if cache_seqlens.shape != (B,):
+            raise ValueError(f"{name}: cache_seqlens must have shape (B,) = ({B},), got {tuple(cache_seqlens.shape)}")
+        if cache_seqlens.device != q.device:
+            raise ValueError(f"{name}: cache_seqlens must be on q's device {q.device}, got {cache_seqlens.device}")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= max_splits:
+        raise ValueError(f"{name}: num_splits must be an int from 0 (chosen from the problem and the GPU) to "
+                         f"{max_splits}; got {num_splits!r}")
+    return dict(B=B, Lq=Lq, Hq=Hq, Hkv=Hkv, D=D, capacity=capacity, page_size=page_size, num_pages=num_pages,
+                scale=check_scale(softmax_scale, D), causal=check_causal(causal), num_splits=num_splits, seqlen=seqlen)
+
+
+_checked_values: dict = {}  # id(tensor) -> (weak reference, torch's version counter, what else was checked)
+
+
+def _unchanged(t, extra) -> bool:
+    entry = _checked_values.get(id(t))
+    return entry is not None and entry[0]() is t and entry[1:] == (t._version, extra)
+
+
+def _remember(t, extra) -> None:
+    if len(_checked_values) > 256:
+        _checked_values.clear()
+    _checked_values[id(t)] = (weakref.ref(t), t._version, extra)
+
+
+def check_kvcache_values(cache_seqlens, block_table, *, Lq: int, capacity: int, page_size: int,
+                         num_pages: int) -> None:
+    """The values of cache_seqlens (each from Lq to the capacity) and of the block table's pages in use (each a page
+    of the cache). This reads them on the host (a synchronization), so it is skipped while a CUDA graph is being
+    captured, and done once per version of the tensors: torch's version counter, bumped by every in-place torch
+    operation (a tensor written by something else, e.g. a custom kernel, is not checked again)."""
+    name = "attention_with_kvcache"
+    tensors = [t for t in (cache_seqlens, block_table) if isinstance(t, torch.Tensor)]
+    extra = (cache_seqlens if isinstance(cache_seqlens, int) else None, Lq, capacity, page_size, num_pages)
+    if not tensors or all(_unchanged(t, extra) for t in tensors):
+        return
+    if tensors[0].is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if isinstance(cache_seqlens, torch.Tensor):
+        lens = cache_seqlens.tolist()
+        bad = [(b, n) for b, n in enumerate(lens) if not Lq <= n <= capacity]
+        if bad:
+            b, n = bad[0]
+            raise ValueError(f"{name}: cache_seqlens[{b}] = {n}: each must count the valid keys of its sequence, the "
+                             f"Lq={Lq} new ones included, and fit the cache: from {Lq} to {capacity} "
+                             f"({len(bad)} of {len(lens)} are not)")
+    else:
+        lens = [cache_seqlens] * block_table.shape[0]
+    if block_table is not None:
+        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] \
+            < torch.tensor([-(-n // page_size) for n in lens], device=block_table.device)[:, None]
+        bad = (used & ((block_table < 0) | (block_table >= num_pages))).nonzero()
+        if len(bad):
+            b, p = bad[0].tolist()
+            raise ValueError(f"{name}: block_table[{b}, {p}] = {int(block_table[b, p])} names no page of the cache "
+                             f"(k_cache has {num_pages} pages, 0 to {num_pages - 1}); sequence {b} uses its first "
+                             f"{-(-lens[b] // page_size)} entries")
+    for t in tensors:
+        _remember(t, extra)

@@ -31,7 +31,7 @@ INSTALL_HINT = ("install Debian's Chromium (as root: apt-get update && apt-get i
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update", "--disable-extensions"]
 WIDGET_MANAGER = "@jupyter-widgets/jupyterlab-manager"
-WIDGET_CALL = re.compile(r"^\w+_widget\(.*\)$")  # a cell whose last line displays a widget
+WIDGET_CALL = re.compile(r"^(?:\w+\.)?\w+_widget\(.*\)$")  # a cell whose last line displays a widget
 
 
 def widget_cells(path: Path) -> list[int]:

@@ -11,7 +11,7 @@ import re
 import pytest
 from exercise_sources import definitions, load, mutate
 
-from flashattn.exercises import ExerciseFailed, flash_kernels, flash_parts, primer, scores
+from flashattn.exercises import ExerciseFailed, flash_kernels, flash_parts, primer, scores, split_kv
 
 # exercise -> (notebook, solution functions, stub functions, check)
 EXERCISES = {
@@ -32,6 +32,7 @@ EXERCISES = {
     "v2_kernel": ("05_flashattention_v2", ("my_attention_kernel_solution",), ("my_attention_kernel",),
                   flash_kernels.check_v2_kernel),
     "load_kt": ("06_bank_conflicts", ("my_load_kt_solution",), ("my_load_kt",), scores.check_load_kt),
+    "merge_splits": ("15_decoding", ("my_merge_kernel_solution",), ("my_merge_kernel",), split_kv.check_merge_splits),
 }
 
 # (exercise, mutant, text in the solution, its replacement, what the check must say)
@@ -216,6 +217,22 @@ MUTANTS = [
      ("return tl.trans(tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd",
       "mask=offs_n[:, None] < N, other=0.0))"),
      "through tl.trans"),
+    # --- 15: the merge of the splits
+    ("merge_splits", "no_max", "w = tl.exp(lse - m)", "w = tl.exp(lse)", "without subtracting the largest lse"),
+    ("merge_splits", "weights_lse", "w = tl.exp(lse - m)", 'w = tl.where(lse > float("-inf"), lse, 0.0)',
+     "as if lse were the sum l"),
+    ("merge_splits", "no_division", " / tl.sum(w, 0)", "", "not divided by the sum of the weights"),
+    ("merge_splits", "uniform", "w = tl.exp(lse - m)", 'w = tl.where(lse > float("-inf"), 1.0, 0.0)',
+     "every split weighs the same"),
+    ("merge_splits", "exp2", "tl.exp(lse - m)", "tl.exp2(lse - m)", "lse is in natural log"),
+    ("merge_splits", "padding_counted", 'mask=offs_s < num_splits, other=float("-inf"))',
+     "mask=offs_s < num_splits, other=0.0)", "the lanes past num_splits count as splits"),
+    ("merge_splits", "empty_read", "mask=full[:, None], other=0.0)", "mask=(offs_s < num_splits)[:, None], other=0.0)",
+     "partial outputs of the empty splits"),
+    ("merge_splits", "row_stride", "row * stride_pr", "row * num_splits * D", "row 0 is right"),
+    ("merge_splits", "lse_row_stride", "row * stride_lr", "row * num_splits", "row 0 is right"),
+    ("merge_splits", "out_row_stride", "row * stride_or", "row * D", "outside O"),
+    ("merge_splits", "split_stride", "offs_s[:, None] * stride_ps", "offs_s[:, None] * D", "reads outside them"),
 ]
 
 

@@ -147,8 +147,8 @@ def test_sdpa_refuses_what_it_does_not_implement():
     q = torch.zeros(1, 4, 8, 16, device=runtime.DEVICE)
     kv = torch.zeros(1, 2, 8, 16, device=runtime.DEVICE)
     sdpa = flashattn.scaled_dot_product_attention
-    with pytest.raises(ValueError, match="attn_mask"):
-        sdpa(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask"):  # masks are taken (tests/test_masked.py), bad ones refused
+        sdpa(q, q, q, attn_mask=torch.ones(3, 8, 8, dtype=torch.bool, device=q.device))
     with pytest.raises(ValueError, match="dropout_p"):
         sdpa(q, q, q, dropout_p=0.1)
     with pytest.raises(ValueError, match="enable_gqa=True"):

@@ -1,7 +1,8 @@
 """The package's layers (issue 15): imports point from teaching down to the kernels, never back up, and every
 list of variants comes from the registry.
 
-    teaching, exercises  ->  measure, bench, record  ->  models  ->  kernels  ->  runtime, validate, reference
+    teaching, exercises  ->  measure, bench, record  ->  models  ->  kernels, functional, distributed  ->  runtime,
+    validate, reference
 """
 
 import ast
@@ -12,7 +13,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "flashattn"
 LAYERS = {  # module path prefix -> layer (a module may import its own layer and those below)
     "flashattn.runtime": 0, "flashattn.validate": 0, "flashattn.reference": 0,
-    "flashattn.kernels": 1, "flashattn.functional": 1,
+    "flashattn.kernels": 1, "flashattn.functional": 1, "flashattn.distributed": 1,
+    "flashattn.masking": 1,
     "flashattn.models": 2,
     "flashattn.measure": 3, "flashattn.bench": 3, "flashattn.record": 3,
     "flashattn.teaching": 4, "flashattn.exercises": 4,

@@ -109,12 +109,14 @@ def test_the_readme_names_every_module_of_the_package():
     section = readme[readme.index("## The package"):readme.index("Adding a variant")]
     tree = section[section.index("```") + 3:section.index("```", section.index("```") + 3)]
     package = ROOT / "flashattn"
-    folders = {"": tree}
-    for folder in ("kernels", "models", "measure", "teaching", "exercises"):
-        start = tree.index(f"  {folder}/")
-        rest = [tree.index(f"  {f}/") for f in ("kernels", "models", "measure", "teaching", "exercises")
-                if tree.index(f"  {f}/") > start]
-        folders[folder] = tree[start:min(rest) if rest else len(tree)]
+    subpackages = sorted(p.parent.name for p in package.glob("*/__init__.py"))
+    missing = [f for f in subpackages if f"  {f}/" not in tree]
+    assert not missing, f"README.md's package section has no entry for {missing}"
+    starts = sorted((tree.index(f"  {f}/"), f) for f in subpackages)
+    folders = {"": tree[:starts[0][0]] + "".join(  # the top-level modules are listed before and between folders
+        line for line in tree.splitlines(True) if re.match(r"^  [a-z_]+\.py", line))}
+    for i, (start, folder) in enumerate(starts):
+        folders[folder] = tree[start:starts[i + 1][0] if i + 1 < len(starts) else len(tree)]
     named = set(re.findall(r"\b([a-z_0-9]+\.py)\b", tree))
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package)

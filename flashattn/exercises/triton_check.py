@@ -22,9 +22,9 @@ import math
 import textwrap
 
 import torch
-from triton.runtime.jit import KernelInterface
 
 from flashattn import runtime
+from flashattn.kernels.triton_compat import KernelInterface
 
 from ._check import ExerciseFailed, _NotAttempted
 from .triton_launch import SHAPE_ERRORS, describe_error, launch, loads_without_other  # noqa: F401  (re-exported)

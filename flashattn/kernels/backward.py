@@ -164,7 +164,7 @@ def default_options(dtype: torch.dtype, D: int, mode: str | None = None) -> dict
             tiles = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 8, 2), 128: (32, 64, 8, 1)}.get(D, (16, 16, 4, 1))
         # smaller tiles where the GPU has less shared memory (a T4 at D = 128); both kernels use the same tiles
         tiles = device.first_fitting([tiles, (32, 32, 4, 1), (16, 32, 4, 1), (16, 16, 4, 1)],
-                                     lambda c: max(backward_shared_bytes(kernel, c, D, dtype) for kernel in ("dkdv", "dq")),
+                                     lambda c: max(backward_shared_bytes(kernel, c, D, dtype, teaching=True) for kernel in ("dkdv", "dq")),
                                      what=f"backward (D={D}, {dtype})")
     return dict(zip(("block_m", "block_n", "num_warps", "num_stages"), tiles, strict=True), input_precision="ieee")
 

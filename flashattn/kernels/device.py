@@ -137,23 +137,28 @@ def prune(configs: list, shared_bytes, where: Target | None = None, *, what: str
     return kept
 
 
-def tile_shared_bytes(*, element: int, d: int, kept_rows: int, streamed_rows: int, stages: int, score_tiles: int,
-                      mma: bool, where: Target | None = None) -> int:
-    """An upper bound of the shared memory Triton gives a FlashAttention-style program on ``where`` (default: the
-    live GPU; the H200's rules without one): ``kept_rows`` rows of D-wide tiles loaded once (Q in the forward),
-    ``streamed_rows`` rows loaded per loop step (K and V), ``stages`` of software pipelining, ``score_tiles``
-    (BLOCK_M, BLOCK_N) float32 tiles, as ``element``-byte values. ``mma``: the products run on the tensor cores
-    (16-bit inputs, or TF32); otherwise on the CUDA cores (float32 "ieee", and everything below sm_80).
+def tile_shared_bytes(*, element: int, d: int, kept_rows: int, streamed_rows: int, stages: int, dots: list,
+                      p_elements: int = 0, extra: int = 0, mma: bool, where: Target | None = None) -> int:
+    """An estimate of the shared memory Triton gives a FlashAttention-style program on ``where`` (default: the live
+    GPU; the H200's rules without one), before anything is compiled: ``kept_rows`` rows of D-wide tiles loaded once
+    (Q in the forward), ``streamed_rows`` rows loaded per loop step (K and V), ``stages`` of software pipelining,
+    ``dots`` the (m, n, k) of each ``tl.dot``, ``p_elements`` the elements of 16-bit products' operands made in
+    registers (P in P·V), ``extra`` what else it stages for the tensor cores (dQ's float32 tile with atomic dQ), as
+    ``element``-byte values. ``mma``: the products run on the tensor cores (16-bit inputs, or TF32); otherwise
+    on the CUDA cores (float32 "ieee", and everything below sm_80).
 
-    How Triton lays it out (read off the compiled kernels of every target, tests/test_compile_targets.py):
-    with the tensor cores, the streamed tiles sit in the pipeline's buffers (``stages`` of them on sm_90,
-    one fewer on sm_80 to sm_89); on the CUDA cores there is no pipeline, but each float32 score tile goes
-    through shared memory to change layout."""
+    How Triton lays it out, read off the compiled kernels of every target (tests/test_compile_targets.py compiles
+    every configuration the code keeps and checks that it fits): with the tensor cores, the streamed tiles sit
+    in the pipeline's buffers (``stages`` of them on sm_90, one fewer on sm_80 to sm_89, two without a
+    pipeline) and, below sm_90, an operand made in registers passes through shared memory on its way to the
+    tensor cores; on the CUDA cores a product's two operands go through shared memory as float32, about the two largest
+    products' worth at a time."""
     where = where or target() or TARGETS[(9, 0)]
     if mma and where.tensor_cores:
-        copies = max(stages, 1) if where.hopper else max(stages - 1, 1)
-        return element * d * (kept_rows + copies * streamed_rows)
-    return 4 * score_tiles + element * d * (kept_rows + streamed_rows)
+        copies = 2 if stages <= 1 else (stages if where.hopper else stages - 1)
+        total = element * d * (kept_rows + copies * streamed_rows) + (0 if where.hopper else element * p_elements)
+        return total + extra + 1024  # and a little for the pipeline's barriers and reductions
+    return sum(sorted((4 * (m * k + k * n) for m, n, k in dots), reverse=True)[:2])
 
 
 def first_fitting(configs: list, shared_bytes, *, what: str) -> tuple:

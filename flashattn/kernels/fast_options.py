@@ -153,22 +153,33 @@ def gluon_available(dtype: torch.dtype, D: int, mode: str | None = None) -> bool
 # --- shared memory: what a configuration needs, before it is compiled ----------------------------------------
 
 def forward_shared_bytes(tiles: tuple, D: int, dtype: torch.dtype, where: device.Target | None = None,
-                         precision: str = "ieee") -> int:
-    """The Triton forward (fast.py, and v2's loop): Q kept, K and V streamed, one score tile."""
+                         precision: str = "ieee", extra: int = 0) -> int:
+    """The Triton forward (fast.py, and v2's loop): Q kept, K and V streamed; S = Q·Kᵀ and P·V. ``extra``: what
+    else a variant stages (a mask's tiles)."""
     bm, bn, _, stages = tiles[:4]
-    return device.tile_shared_bytes(element=dtype.itemsize, d=padded_head_dim(D), kept_rows=bm, streamed_rows=2 * bn,
-                                    stages=stages, score_tiles=bm * bn, mma=dtype != torch.float32 or precision != "ieee",
-                                    where=where)
+    d = padded_head_dim(D)
+    return device.tile_shared_bytes(element=dtype.itemsize, d=d, kept_rows=bm, streamed_rows=2 * bn, stages=stages,
+                                    dots=[(bm, bn, d), (bm, d, bn)], p_elements=bm * bn, extra=extra,
+                                    mma=dtype != torch.float32 or precision != "ieee", where=where)
 
 
 def backward_shared_bytes(kernel: str, tiles: tuple, D: int, dtype: torch.dtype, where: device.Target | None = None,
-                          precision: str = "ieee") -> int:
-    """The Triton backward (fast_backward.py, backward.py): the dK/dV kernel keeps K and V and streams Q and dO,
-    the dQ kernel keeps Q and dO and streams K and V; two score tiles (S or P, and dP)."""
+                          precision: str = "ieee", atomic: bool = False, teaching: bool = False, extra: int = 0) -> int:
+    """The Triton backward (fast_backward.py, backward.py): the dK/dV kernel keeps K and V and streams Q and dO
+    (four products; with ``atomic`` a fifth, dQ, staged as float32), the dQ kernel keeps Q and dO and streams K and
+    V (three products, dS made in registers). ``teaching``: backward.py's kernels, whose dK/dV kernel computes P
+    and dS untransposed and hands them to the tensor cores transposed (two more register-made operands)."""
     bm, bn, _, stages = tiles[:4]
-    kept, streamed = (bn, bm) if kernel == "dkdv" else (bm, bn)
-    return device.tile_shared_bytes(element=dtype.itemsize, d=padded_head_dim(D), kept_rows=2 * kept,
-                                    streamed_rows=2 * streamed, stages=stages, score_tiles=2 * bm * bn,
+    d = padded_head_dim(D)
+    if kernel == "dkdv":
+        kept, streamed, p = bn, bm, 2 * bm * bn if teaching else 0
+        dots = [(bn, bm, d), (bn, d, bm), (bn, bm, d), (bn, d, bm)] + ([(bm, d, bn)] if atomic else [])
+    else:
+        kept, streamed, p = bm, bn, bm * bn
+        dots = [(bm, bn, d), (bm, bn, d), (bm, d, bn)]
+    return device.tile_shared_bytes(element=dtype.itemsize, d=d, kept_rows=2 * kept, streamed_rows=2 * streamed,
+                                    stages=stages, dots=dots, p_elements=p,
+                                    extra=(4 * bm * (d + bn) if atomic else 0) + extra,
                                     mma=dtype != torch.float32 or precision != "ieee", where=where)
 
 
@@ -333,7 +344,8 @@ def tuning_space(kernel: str, D: int, dtype: torch.dtype, atomic: bool = False,
         space = BACKWARD_FLOAT32_SPACE
     else:
         space = {"dkdv": ATOMIC_DKDV_SPACE if atomic else DKDV_SPACE, "dq": DQ_SPACE}[kernel][padded_head_dim(D)]
-    return fitting(list(space), BACKWARD_FALLBACK_SPACE, lambda c: backward_shared_bytes(kernel, c, D, dtype, where),
+    return fitting(list(space), BACKWARD_FALLBACK_SPACE,
+                   lambda c: backward_shared_bytes(kernel, c, D, dtype, where, atomic=atomic),
                    f"fast backward, {kernel} kernel (D={D}, {dtype})", where)
 
 

@@ -15,12 +15,27 @@ the ordinary path.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from flashattn import runtime
 
 _MAX_ENTRIES = 4096  # distinct calls remembered (a shape, an alignment, tiles); past that, start again
 _runners: dict = {}
+_captured: list | None = None  # inside capturing(): the launches, recorded instead of run
+
+
+@contextlib.contextmanager
+def capturing():
+    """Record every launch made inside (kernel, grid, args, constexprs, options) instead of running it: what the
+    compile checks compile for each GPU target (``measure/compile_targets.py``)."""
+    global _captured
+    outer, _captured = _captured, []
+    try:
+        yield _captured
+    finally:
+        _captured = outer
 
 
 def _key(arg):
@@ -38,6 +53,9 @@ def _key(arg):
 def launch(kernel, grid: tuple, args: tuple, constexprs: dict, **options) -> None:
     """``kernel[grid](*args, **constexprs, **options)``: ``args`` the kernel's first parameters in order,
     ``constexprs`` its remaining ones by name, ``options`` the launch options (num_warps, num_stages, ...)."""
+    if _captured is not None:
+        _captured.append((kernel, grid, args, constexprs, options))
+        return
     if runtime.MODE != "gpu":
         kernel[grid](*args, **constexprs, **options)
         return

@@ -129,7 +129,7 @@ def launch_tiles(variant: str, dtype, D: int, mode: str | None = "gpu") -> dict:
 def jit_kernels(variant: str) -> list:
     """The ``@triton.jit`` functions of ``variant``, unwrapped from any ``triton.autotune``/``heuristics``
     (a ``JITFunction`` on a GPU, an ``InterpretedFunction`` in interpreter mode)."""
-    from triton.runtime.autotuner import Autotuner, Heuristics
+    from .triton_compat import Autotuner, Heuristics
 
     out = []
     for kernel in get(variant).jit_kernels:

@@ -108,7 +108,7 @@ def _shared_bytes(tiles: tuple, D: int, dtype: torch.dtype) -> int:
     """v1 keeps its K and V blocks and streams the Q and O blocks past them."""
     bm, bn, _, stages = tiles
     return device.tile_shared_bytes(element=dtype.itemsize, d=D, kept_rows=2 * bn, streamed_rows=2 * bm, stages=stages,
-                                    score_tiles=bm * bn, mma=dtype != torch.float32)
+                                    dots=[(bm, bn, D), (bm, D, bn)], p_elements=bm * bn, mma=dtype != torch.float32)
 
 
 def attention_v1(q, k, v, *, causal=False, scale=None, **options):

@@ -7,11 +7,17 @@ the target's shared memory, and the teaching kernels' fixed tiles as chosen ther
 the driver checks before it launches a kernel: shared memory against the target's limit, registers against
 the register file, and the local memory its spills take (``kernels.aot``).
 
-The representative set, and why it is enough: float16 stands for both 16-bit types (same tile bytes; bfloat16
-is compiled too, on sm_80 and sm_90, and refused by name below sm_80); causal programs stand for both (they
-hold the unmasked and the masked loop); head dimensions 64, 128 and 256 (the padded widths the course uses,
-the largest one each space has), plus 32 for the tuning spaces; float32 at D = 64 for the CUDA-core path of
-notebooks 05 to 09.
+The representative set, and why it is enough (about 290 compiles, a few minutes on two cores):
+
+* float16 stands for both 16-bit types (same tile bytes); bfloat16 is compiled too at D = 128 on sm_90, and
+  refused by name below sm_80;
+* causal programs stand for both (they hold the unmasked and the masked loop);
+* head dimensions 64, 128 and 256, the padded widths the course uses and the largest of each space, plus 32
+  for the tuning spaces on sm_90; float32 at D = 64 for the CUDA-core path of notebooks 05 to 09;
+* sm_89 has sm_86's limits, so its spaces prune to the same configurations: there it compiles the first
+  configuration of each kernel (what runs when nothing is tuned), sm_86 all of them;
+* sm_75 compiles slowly (its CUDA-core products unroll into long code): there the tuning spaces at D = 128 and
+  256 (where its 64 KB prunes them) and the teaching kernels at D = 128 (their largest tiles).
 
     python -m flashattn.measure.compile_targets [--targets sm_75 sm_90] [--jobs 2]
 """
@@ -99,7 +105,7 @@ def _fast_backward(where: device.Target, kernel: str, D: int, dtype: torch.dtype
     else:
         args = (named["Q"], named["K"], named["V"], named["DO"], torch.empty_like(q), lse, lse, *scalars)
         fn, constexprs = fast_backward.bwd_dq_fast, common
-    estimate = fast_options.backward_shared_bytes(kernel, tiles, D, dtype, where)
+    estimate = fast_options.backward_shared_bytes(kernel, tiles, D, dtype, where, atomic=atomic)
     return fn, args, constexprs, dict(num_warps=warps, num_stages=stages), estimate
 
 
@@ -169,17 +175,71 @@ def _teaching_backward(where: device.Target, kernel: str, D: int, dtype: torch.d
     else:
         args = (q, k, v, o, lse, lse, torch.empty_like(q), N, 0.1)
         fn = backward.bwd_dq_kernel
-    return fn, args, constexprs, launch, fast_options.backward_shared_bytes(kernel, tiles, D, dtype, where)
+    estimate = fast_options.backward_shared_bytes(kernel, tiles, D, dtype, where, teaching=True)
+    return fn, args, constexprs, launch, estimate
+
+
+def _captured_launches(where: device.Target, D: int, dtype: torch.dtype) -> dict:
+    """The kernels of masks (notebook 14) and decoding (notebook 15), as their host code launches them with the tiles
+    it picks on ``where`` (the launches recorded by ``launch_cache.capturing`` instead of run)."""
+    from flashattn import masking
+    from flashattn.kernels import decode, launch_cache, mask_blocks, masked, masked_backward
+
+    fwd = masked.tiles_for(dtype, D, mode="gpu")[0]
+    dkdv, dq = (masked_backward.tiles_for(k, dtype, D, mode="gpu")[0] for k in ("dkdv", "dq"))
+    q, k, v, do = (torch.zeros(1, 2, N, D, dtype=dtype) for _ in range(4))
+    o, lse = torch.empty_like(q), torch.zeros(1, 2, N)
+    cu = mask_blocks.cu_seqlens([100, N - 100])
+    packed = [t[0].transpose(0, 1) for t in (q, k, v, do, o)]
+    mask = torch.ones(N, N, dtype=torch.bool).tril()
+    masks = {"window": dict(window=(63, 0)), "attn_mask": dict(attn_mask=mask.expand(1, 2, N, N)),
+             "documents": dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=N - 100, max_seqlen_k=N - 100)}
+    found = {}
+    with launch_cache.capturing() as launches:
+        for name, kw in masks.items():
+            args, out, grad = ((packed[:3], (packed[4], lse[0]), packed[3]) if name == "documents"
+                               else ((q, k, v), (o, lse), do))
+            masking.masked_forward(*args, causal=True, tiles=fwd, **kw)
+            masking.masked_backward(*args, *out, grad, causal=True, dkdv_tiles=dkdv, dq_tiles=dq, **kw)
+        tiles = decode.tile_configs(D, dtype, where.shared_bytes, mode="gpu")[0]
+        cache = torch.zeros(2, N, 2, D, dtype=dtype)
+        decode.decode_attention(torch.zeros(2, 1, 8, D, dtype=dtype), cache, cache, N, num_splits=4, tiles=tiles)
+    kernels = {*masked.JIT_KERNELS, *masked_backward.JIT_KERNELS, decode.decode_split_kernel,
+               decode.decode_merge_kernel}
+    for kernel, _, args, constexprs, options in launches:
+        if kernel in kernels:
+            found.setdefault(kernel.fn.__name__, (kernel, args, constexprs, options))
+    return found
+
+
+def _captured_case(where: device.Target, D: int, dtype: torch.dtype, name: str):
+    kernel, args, constexprs, options = _captured_launches(where, D, dtype)[name]
+    return kernel, args, constexprs, dict(options), None
 
 
 def cases(where: device.Target) -> list[Case]:
     """The representative set for one target (see the module docstring)."""
+    every = _cases(where)
+    if where.capability == (8, 9):  # sm_86's limits: the first configuration of each kernel
+        seen, first = set(), []
+        for case in every:
+            key = (case.kernel, case.detail.split(" (")[0])
+            if key not in seen:
+                seen.add(key)
+                first.append(case)
+        return first
+    return every
+
+
+def _cases(where: device.Target) -> list[Case]:
     t = where.capability
     out = []
-    dtypes = [torch.float16] + ([torch.bfloat16] if where.bf16 and t in ((8, 0), (9, 0)) else [])
+    dtypes = [torch.float16] + ([torch.bfloat16] if t == (9, 0) else [])
+    spaces_d = {(7, 5): (128, 256), (9, 0): (32, 64, 128, 256)}.get(t, (64, 128, 256))
+    teaching_d = (128,) if t == (7, 5) else (64, 128)
     with device.pretend(where):
         for dtype in dtypes:
-            for D in (32, 64, 128, 256) if dtype == torch.float16 else (128,):
+            for D in spaces_d if dtype == torch.float16 else (128,):
                 for config in fast_options.tuning_configs(D, dtype, where=where):
                     tiles = tuple(config[k] for k in TILE_KEYS)
                     out.append(Case("fast forward (Triton)", t, f"{dtype} D={D} {tiles}",
@@ -191,14 +251,14 @@ def cases(where: device.Target) -> list[Case]:
                             build = _bind(_fast_backward, where, kernel, D, dtype, tiles, atomic, where.hopper)
                             out.append(Case(name, t, f"{dtype} D={D} {tiles}", build))
             if where.hopper:
-                for D in fast_options.GLUON_SPACE:
+                for D in fast_options.GLUON_SPACE if dtype == torch.float16 else (128,):
                     for config in fast_options.tuning_configs(D, dtype, gluon=True):
                         out.append(Case("fast forward (Gluon)", t, f"{dtype} D={D} {config['schedule']} "
                                         f"{tuple(config[k] for k in TILE_KEYS)}",
                                         _bind(_gluon_forward, where, D, dtype, config)))
                     out.append(Case("fast backward (Gluon)", t, f"{dtype} D={D}", _bind(_gluon_backward, D, dtype)))
         for dtype in (torch.float16, torch.float32):
-            for D in (64, 128):
+            for D in teaching_d:
                 for variant in ("v2", "v2_kt", "v2_padded"):
                     out.append(Case(f"{variant} (defaults)", t, f"{dtype} D={D}", _bind(_v2, where, variant, D, dtype)))
                 out.append(Case("v1 (defaults)", t, f"{dtype} D={D}", _bind(_v1, where, D, dtype)))
@@ -207,6 +267,10 @@ def cases(where: device.Target) -> list[Case]:
                                     _bind(_teaching_backward, where, kernel, D, dtype)))
             for which in ("scores", "softmax", "pv"):
                 out.append(Case(f"naive {which} (defaults)", t, f"{dtype} D=64", _bind(_naive, which, 64, dtype)))
+        for D in teaching_d:  # the kernels of notebooks 14 and 15 at the tiles they choose here
+            for name in _captured_launches(where, D, torch.float16):
+                out.append(Case(f"{name} (defaults)", t, f"torch.float16 D={D}",
+                                _bind(_captured_case, where, D, torch.float16, name)))
         for config in fast_options.tuning_configs(64, torch.float32, where=where):
             tiles = tuple(config[k] for k in TILE_KEYS)
             out.append(Case("fast forward (Triton)", t, f"torch.float32 D=64 {tiles}",

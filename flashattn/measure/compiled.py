@@ -112,14 +112,11 @@ def parse_resource_usage(text: str) -> dict[str, int]:
 
 def cuobjdump_path() -> str:
     """The ``cuobjdump`` Triton ships with its NVIDIA backend (or the one on PATH)."""
-    try:
-        from triton import knobs
+    from flashattn.kernels.triton_compat import cuobjdump_path as triton_cuobjdump
 
-        path = knobs.nvidia.cuobjdump.path
-        if path and Path(path).exists():
-            return path
-    except (ImportError, AttributeError):
-        pass
+    path = triton_cuobjdump()
+    if path and Path(path).exists():
+        return path
     path = shutil.which("cuobjdump")
     if path is None:
         raise FileNotFoundError("cuobjdump not found: neither Triton's NVIDIA backend nor PATH has it")

@@ -23,6 +23,12 @@ def _copy_ms(n: int) -> float:
     return time_ms(lambda: dst.copy_(src))
 
 
+def copy_bandwidth_gbps(n: int = 1 << 30) -> float:
+    """Bytes read + written per second by a device-to-device copy of ``n`` float32 (4 GiB by default), in GB/s,
+    measured now (the ``device`` measurement's ``copy_bandwidth_gbps``)."""
+    return 2 * n * 4 / (_copy_ms(n) * 1e-3) / 1e9
+
+
 def _matmul_ms(M: int, dtype: torch.dtype, tf32: bool) -> float:
     a = torch.randn(M, M, device="cuda", dtype=dtype)
     b = torch.randn(M, M, device="cuda", dtype=dtype)
@@ -57,8 +63,7 @@ def measure_device() -> dict:
     measurement): ``{"properties", "copy_bandwidth_gbps", "copy_bytes", "matmul", "notes"}``."""
     props = device_properties()
     n = 1 << 30  # a 4 GiB device-to-device copy moves 8 GiB (read + write)
-    ms = _copy_ms(n)
-    copy_gbps = 2 * n * 4 / (ms * 1e-3) / 1e9
+    copy_gbps = copy_bandwidth_gbps(n)
 
     matmul = {}
     M = 8192

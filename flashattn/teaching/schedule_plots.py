@@ -1,11 +1,12 @@
-"""Pictures of ``fast``'s loops (notebooks 10 and 11): which key blocks run masked, and a timeline of what
-overlaps with what in the Gluon kernel (from ``flashattn.models.schedule``)."""
+"""Pictures of ``fast``'s loops (notebooks 10, 11 and 14): which key blocks run masked, which a mask skips, and a
+timeline of what overlaps with what in the Gluon kernel (from ``flashattn.models.schedule``)."""
 
 from __future__ import annotations
 
 import math
 
 import matplotlib.pyplot as plt
+from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
 from flashattn.models.schedule import RESOURCES
@@ -44,6 +45,34 @@ def plot_key_stages(stages_fn, n_keys: int, block_m: int, block_n: int, causal: 
     ax.legend(handles=[Patch(color=colours[False], label="no mask"), Patch(color=colours[True], label="masked"),
                        Patch(facecolor="white", edgecolor="#999999", label="skipped")],
               loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+TILE_COLOURS = ("#ffffff", "#fdd0a2", "#ff7f0e")  # skipped, partial (masked), full (no mask): as plot_key_stages
+
+
+def plot_tile_kinds(kinds, title: str = "", ax=None, block_m: int | None = None, block_n: int | None = None):
+    """A (Tm, Tn) matrix of tile kinds (``mask_blocks``: 0 skipped, 1 partial, 2 full) as a picture, Q tiles down
+    and key blocks across, in the colours of :func:`plot_key_stages`. Returns the Figure."""
+    use_style()
+    rows, cols = kinds.shape
+    fig, ax = plt.subplots(figsize=(5.2, 4.2)) if ax is None else (ax.figure, ax)
+    ax.imshow(kinds.cpu().numpy(), cmap=ListedColormap(TILE_COLOURS), vmin=0, vmax=2, interpolation="nearest",
+              aspect="auto")
+    ax.set_xlabel("key block" + (f" (BLOCK_N = {block_n})" if block_n else ""))
+    ax.set_ylabel("Q tile" + (f" (BLOCK_M = {block_m})" if block_m else ""))
+    ax.grid(False)
+    counts = [int((kinds == k).sum()) for k in range(3)]
+    ax.set_title(f"{title}{': ' if title else ''}{counts[2]} full, {counts[1]} partial, {counts[0]} skipped",
+                 fontsize=9)
+    if ax.figure is fig and len(fig.axes) == 1:
+        ax.legend(handles=[Patch(color=TILE_COLOURS[2], label="full (no mask)"),
+                           Patch(color=TILE_COLOURS[1], label="partial (masked)"),
+                           Patch(facecolor="white", edgecolor="#999999", label="skipped")],
+                  loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    ax.set_xlim(-0.5, cols - 0.5)
+    ax.set_ylim(rows - 0.5, -0.5)
     fig.tight_layout()
     return fig
 

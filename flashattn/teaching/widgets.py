@@ -246,3 +246,93 @@ def bank_widget(**overrides) -> FigureWidget:
         control.continuous_update = False
     rows = [["D", "dtype", "access_bytes"], ["layout", "padding", "swizzle"]]
     return FigureWidget(bank_view, controls, rows)
+
+
+# --- ring attention: the work per rank (notebook 16) ------------------------------------------
+
+# this section's own imports, kept with the section
+from flashattn.distributed import layouts as ring_layouts  # noqa: E402
+from flashattn.teaching.ring_plots import plot_ownership, plot_work  # noqa: E402
+
+RING_WORLD_SIZES = (2, 3, 4, 8)
+
+
+def ring_work_defaults() -> dict:
+    """Default widget settings: 4 ranks, the contiguous layout, causal, 8192 positions per rank, 128×128 tiles."""
+    return dict(world_size=4, layout="contiguous", causal=True, n_local=8192, block=128)
+
+
+def ring_work_view(world_size, layout, causal, n_local=8192, block=128):
+    """The pure computation behind :func:`ring_work_widget`: ``(figure, summary)``. ``summary``: ``blocks`` (per
+    rank), ``imbalance`` (the busiest rank's blocks / the mean: the ring waits for the busiest), ``text``."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.4, 4.0))
+    plot_ownership(world_size, layout, ax=left)
+    plot_work(world_size, layout, causal, n_local, block, ax=right)
+    fig.tight_layout()
+    blocks = [sum(row) for row in ring_layouts.work(world_size, layout, causal, n_local, block, block)]
+    imbalance = max(blocks) / (sum(blocks) / len(blocks))
+    text = (f"{layout}, W={world_size}, {'causal' if causal else 'no mask'}: key blocks per rank "
+            f"{', '.join(map(str, blocks))}; the busiest rank does {imbalance:.2f}× the mean")
+    return fig, {"blocks": blocks, "imbalance": imbalance, "text": text}
+
+
+def ring_work_widget(**overrides) -> FigureWidget:
+    """Dropdowns (ranks, layout) and a causal checkbox over :func:`ring_work_view`."""
+    settings = _settings(ring_work_defaults(), overrides, "ring_work_widget")
+    controls = {
+        "world_size": _dropdown(RING_WORLD_SIZES, settings["world_size"], "ranks W"),
+        "layout": _dropdown(ring_layouts.LAYOUTS, settings["layout"], "layout"),
+        "causal": widgets.Checkbox(value=settings["causal"], description="causal"),
+    }
+    return FigureWidget(ring_work_view, controls, [["world_size", "layout", "causal"]], n_local=settings["n_local"],
+                        block=settings["block"])
+
+
+# --- the tiles a mask skips (notebook 14) -------------------------------------------------------
+
+from flashattn.models import mask_tiles  # noqa: E402
+from flashattn.teaching.schedule_plots import plot_tile_kinds  # noqa: E402
+
+MASK_N = (512, 1024, 2048, 4096)
+MASK_BLOCKS = (16, 32, 64, 128)
+MASK_WINDOWS = (64, 128, 256, 512, 1024)
+MASK_DOCUMENTS = (2, 3, 4, 6, 8, 16)
+MASK_VALID = (0.25, 0.5, 0.6, 0.75, 0.9)
+
+
+def mask_defaults() -> dict:
+    """A sliding window of 256 keys at N = 2048 with fast's 128 × 64 tiles."""
+    return dict(mask="sliding window", N=2048, block_m=128, block_n=64, window=256, documents=4, valid=0.6)
+
+
+def mask_view(mask, N, block_m, block_n, window, documents, valid):
+    """The pure computation behind :func:`mask_widget`: ``(figure, summary)``, the summary that of
+    ``mask_tiles.tiles`` with a one-line ``text``."""
+    kinds, found = mask_tiles.tiles(mask, N, block_m, block_n, window=window, documents=documents, valid=valid)
+    fig = plot_tile_kinds(kinds, f"{mask}, N = {N}", block_m=block_m, block_n=block_n)
+    text = (f"{mask}, N={N}, tiles {block_m}×{block_n}: {found['computed']} of {found['tiles']} tiles computed "
+            f"({found['vs_dense']:.1%} of dense, {found['vs_causal']:.0%} of causal's), {found['partial']} of them "
+            f"masked")
+    if mask == "documents":
+        text += f"; attention_varlen (blocks start at each document): {found['varlen_computed']} tiles"
+    return fig, {**found, "text": text}
+
+
+def mask_widget(**overrides) -> FigureWidget:
+    """Dropdowns (mask, N, block_m, block_n, window, documents, valid fraction) over :func:`mask_view`."""
+    s = _settings(mask_defaults(), overrides, "mask_widget")
+    controls = {
+        "mask": _dropdown(mask_tiles.MASKS, s["mask"], "mask"),
+        "N": widgets.SelectionSlider(options=MASK_N, value=s["N"], description="N", continuous_update=False),
+        "block_m": _dropdown(MASK_BLOCKS, s["block_m"], "block_m"),
+        "block_n": _dropdown(MASK_BLOCKS, s["block_n"], "block_n"),
+        "window": _dropdown(MASK_WINDOWS, s["window"], "window"),
+        "documents": _dropdown(MASK_DOCUMENTS, s["documents"], "documents"),
+        "valid": _dropdown(MASK_VALID, s["valid"], "valid keys"),
+    }
+    for control in controls.values():
+        control.continuous_update = False
+    rows = [["mask", "N"], ["block_m", "block_n"], ["window", "documents", "valid"]]
+    return FigureWidget(mask_view, controls, rows)

@@ -1,0 +1,365 @@
+"""Decoding (notebook 15): attention of a few new queries over a long key/value cache, split along the keys.
+
+At decoding time each sequence brings Lq new queries (often one) and attends to its whole cache. v2's grid, one
+program per (Q block, batch·head), then has B·Hq programs, each walking the whole cache: too few to keep the GPU's
+memory busy, while the work is all reading the cache. Here (Flash-Decoding):
+
+* ``decode_split_kernel``: one program per (sequence and K/V head, block of query rows, split of the keys). Its
+  rows are all the Hq/Hkv query heads that share the K/V head, times the Lq queries (row r = query r // GROUP of
+  query head hkv·GROUP + r % GROUP), so every K/V byte is read once. It runs v2's loop (``qi``, ``kj``, ``vj``,
+  ``mi``, ``li``, ``acc``; exp2 with log2 e folded into the scale, as in ``fast``) over its slice of the keys, and
+  writes its partial output ``acc / li`` (float32) and the log-sum-exp ``lse = m + log l`` of every row. Each
+  program reads its sequence's length from ``cache_seqlens`` and derives its own slice; a split with no keys (or a
+  row that sees none of them, causal) writes lse = -inf and no output.
+* ``decode_merge_kernel``: one program per output row, the merge of notebook 03: with M = max_s lse_s, the output
+  is Σ_s e^(lse_s − M)·o_s / Σ_s e^(lse_s − M). Empty splits weigh e^(-inf) = 0 and their outputs are not read.
+
+With one split the first kernel writes the final output and the merge does not run. The cache is contiguous
+(B, S_max, Hkv, D) or paged: (num_pages, page_size, Hkv, D) with a block table (B, max_pages) that maps each
+sequence's i-th page to a physical page, looked up per key block (``_kv_offsets``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from flashattn import runtime
+from flashattn.validate import check_kvcache_inputs, check_kvcache_values
+
+from . import device as gpu
+from . import launch_cache
+from .constants import LN_2, LOG2_E
+from .fast_options import padded_head_dim
+
+MAX_SPLITS = 128  # the merge holds every split of a row in one tile
+
+# The tiles, declarative: (BLOCK_N keys per step, num_warps, num_stages) per padded head dimension; the first that
+# fits the device's shared memory (:func:`shared_bytes`) is the default. tools/gpu/decode/probe.py times them all.
+# Compiled ahead of time (sm_80, sm_90) none spills; on sm_75 (no asynchronous copies: the tiles go through
+# registers) D = 128 spills with 64 keys per step, not with 32.
+TILES = {
+    16: [(128, 4, 3), (64, 4, 3)],
+    32: [(128, 4, 3), (64, 4, 3)],
+    64: [(128, 4, 3), (64, 4, 4), (64, 4, 3), (128, 4, 2)],
+    128: [(64, 4, 3), (128, 4, 3), (64, 4, 4), (128, 8, 2), (32, 4, 4), (32, 4, 2)],
+    256: [(64, 4, 2), (32, 4, 3), (64, 8, 2), (32, 4, 2), (16, 4, 2)],
+}
+FLOAT32_TILES = [(32, 4, 2), (64, 4, 2), (16, 4, 2)]  # float32: CUDA-core dots (IEEE)
+INTERPRETER_TILES = (32, 4, 1)  # the CPU interpreter: few, wide steps run faster
+MAX_BLOCK_M = 64  # rows (query heads × queries) per program; more rows: more programs
+
+# The number of splits when num_splits=0 (:func:`choose_num_splits`): enough programs for PROGRAMS_PER_SM on every
+# SM, each with at least MIN_BLOCKS_PER_SPLIT key blocks. To be set from the probe's curve on the H200.
+PROGRAMS_PER_SM = 2
+MIN_BLOCKS_PER_SPLIT = 4
+INTERPRETER_SM_COUNT = 4  # no GPU: a nominal SM count, so that the rule still splits small problems
+
+
+@triton.jit
+def _kv_offsets(BLOCK_TABLE, start_n, seqlen, num_pages, stride_bt_p, stride_page, stride_n,
+                BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Element offsets (int64) of the keys ``start_n .. start_n + BLOCK_N`` of one sequence in one K/V head.
+
+    Contiguous cache (PAGE_SIZE = 0): key j is row j. Paged: key j is row j % PAGE_SIZE of the physical page
+    ``BLOCK_TABLE[j // PAGE_SIZE]`` (``BLOCK_TABLE`` points at the sequence's row of the table). When pages hold
+    whole key blocks, one entry serves the block; otherwise each key looks up its own. Page numbers are clamped to
+    the cache (a CUDA graph replays without the host's checks, and must not read outside it).
+    """
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if PAGE_SIZE == 0:
+        return offs_n.to(tl.int64) * stride_n
+    elif PAGE_SIZE % BLOCK_N == 0:
+        page = tl.load(BLOCK_TABLE + (start_n // PAGE_SIZE) * stride_bt_p)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+        return page * stride_page + (start_n % PAGE_SIZE + tl.arange(0, BLOCK_N)).to(tl.int64) * stride_n
+    else:
+        pages = tl.load(BLOCK_TABLE + (offs_n // PAGE_SIZE) * stride_bt_p, mask=offs_n < seqlen, other=0)
+        pages = tl.minimum(tl.maximum(pages, 0), num_pages - 1).to(tl.int64)
+        return pages * stride_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_n
+
+
+@triton.jit
+def _load_tile(X, rows, keys, seqlen, stride_d, D: tl.constexpr, D_PAD: tl.constexpr, MASK: tl.constexpr):
+    """The (BLOCK_N, D_PAD) tile of keys ``keys`` at element offsets ``rows``; keys past seqlen (with MASK) and
+    columns past D read as zeros."""
+    offs_d = tl.arange(0, D_PAD)
+    ptrs = X + rows[:, None] + offs_d[None, :] * stride_d
+    if MASK:
+        return tl.load(ptrs, mask=(keys[:, None] < seqlen) & (offs_d[None, :] < D), other=0.0)
+    elif D == D_PAD:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=offs_d[None, :] < D, other=0.0)
+
+
+@triton.jit
+def _attend(acc, li, mi, qi, K, V, BLOCK_TABLE, lo, hi, seqlen, limit, num_pages, qk_scale,
+            stride_bt_p, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+            BLOCK_N: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
+            MASK: tl.constexpr, PRECISION: tl.constexpr):
+    """v2's loop over the key blocks ``lo .. hi``. ``MASK``: key j counts for row r only when j < limit[r] (the
+    blocks at the end of the keys), and a row may have seen no key yet (mi = -inf): the exponent is then taken
+    against 0, as notebook 03's merge does, instead of computing -inf − (-inf)."""
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        keys = start_n + tl.arange(0, BLOCK_N)
+        k_rows = _kv_offsets(BLOCK_TABLE, start_n, seqlen, num_pages, stride_bt_p, stride_kp, stride_kn,
+                             BLOCK_N, PAGE_SIZE)
+        kj = _load_tile(K, k_rows, keys, seqlen, stride_kd, D, D_PAD, MASK)
+        sij = tl.dot(qi, tl.trans(kj), input_precision=PRECISION) * qk_scale  # base-2 units
+        if MASK:
+            sij = tl.where(keys[None, :] < limit[:, None], sij, float("-inf"))
+        mi_new = tl.maximum(mi, tl.max(sij, 1))
+        m_safe = tl.where(mi_new == float("-inf"), 0.0, mi_new) if MASK else mi_new
+        pij = tl.exp2(sij - m_safe[:, None])
+        alpha = tl.exp2(mi - m_safe)
+        li = li * alpha + tl.sum(pij, 1)
+        v_rows = _kv_offsets(BLOCK_TABLE, start_n, seqlen, num_pages, stride_bt_p, stride_vp, stride_vn,
+                             BLOCK_N, PAGE_SIZE)
+        vj = _load_tile(V, v_rows, keys, seqlen, stride_vd, D, D_PAD, MASK)
+        acc = tl.dot(pij.to(vj.dtype), vj, acc * alpha[:, None], input_precision=PRECISION)
+        mi = mi_new
+    return acc, li, mi
+
+
+@triton.jit
+def decode_split_kernel(
+    Q, K, V, O, LSE, SEQLENS, BLOCK_TABLE,
+    stride_qb, stride_qn, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,  # kb: the sequence, or with a block table the physical page
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_ob, stride_on, stride_oh, stride_os, stride_od,  # os: the split (0 when O is the final output)
+    stride_bt_b, stride_bt_p,
+    Hkv, GROUP, Lq, capacity, num_pages, qk_scale,
+    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_bh, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    off_b, off_hkv = (pid_bh // Hkv).to(tl.int64), (pid_bh % Hkv).to(tl.int64)
+    seqlen = tl.minimum(tl.load(SEQLENS + off_b), capacity)  # clamped: see _kv_offsets
+
+    # this program's rows: query heads off_hkv·GROUP + g (g = r % GROUP) of the queries i = r // GROUP
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < GROUP * Lq
+    qpos = tl.minimum(rows // GROUP, Lq - 1)  # padding rows behave like the last query (never stored)
+    head = off_hkv * GROUP + rows % GROUP
+    offs_d = tl.arange(0, D_PAD)
+    q_ptrs = Q + off_b * stride_qb + qpos[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :] * stride_qd
+    qi = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+
+    # keys row r may see: j < limit[r] (causal, bottom right: the last query sees all seqlen keys)
+    if CAUSAL:
+        limit = seqlen - Lq + 1 + qpos
+        kv_len = seqlen - Lq + 1 + tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, Lq - 1)
+        seen_by_all = seqlen - Lq + 1 + (pid_m * BLOCK_M) // GROUP  # keys every row of this block sees
+    else:
+        limit = tl.zeros([BLOCK_M], tl.int32) + seqlen
+        kv_len = seqlen
+        seen_by_all = seqlen
+    # this split's slice of the keys, in whole blocks: [lo, hi)
+    blocks_per_split = ((kv_len + BLOCK_N - 1) // BLOCK_N + num_splits - 1) // num_splits
+    lo = split * blocks_per_split * BLOCK_N
+    hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
+    mid = tl.maximum(lo, tl.minimum(hi, lo + (seen_by_all - lo) // BLOCK_N * BLOCK_N))  # blocks that need no mask
+
+    k_head = K + off_hkv * stride_kh
+    v_head = V + off_hkv * stride_vh
+    if PAGE_SIZE == 0:
+        k_head += off_b * stride_kb
+        v_head += off_b * stride_vb
+    table = BLOCK_TABLE + off_b * stride_bt_b
+    mi = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scaled, base-2 scores
+    li = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, table, lo, mid, seqlen, limit, num_pages, qk_scale,
+                          stride_bt_p, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+                          BLOCK_N, D, D_PAD, PAGE_SIZE, False, PRECISION)
+    acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, table, mid, hi, seqlen, limit, num_pages, qk_scale,
+                          stride_bt_p, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+                          BLOCK_N, D, D_PAD, PAGE_SIZE, True, PRECISION)
+
+    seen = li > 0  # False: this row saw no key in this slice (an empty split, or causal rows left of it)
+    o = acc / tl.where(seen, li, 1.0)[:, None]
+    o_ptrs = (O + off_b * stride_ob + qpos[:, None] * stride_on + head[:, None] * stride_oh + split * stride_os
+              + offs_d[None, :] * stride_od)
+    if SPLIT:  # the partial output where the row saw keys, and its log-sum-exp (natural log) everywhere
+        tl.store(o_ptrs, o, mask=(row_ok & seen)[:, None] & (offs_d[None, :] < D))
+        lse = tl.where(seen, (mi + tl.log2(tl.where(seen, li, 1.0))) * LN_2, float("-inf"))
+        lse_ptrs = LSE + ((off_b * Lq + qpos) * (Hkv * GROUP) + head) * num_splits + split
+        tl.store(lse_ptrs, lse, mask=row_ok)
+    else:
+        tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+
+
+@triton.jit
+def decode_merge_kernel(O_PART, LSE_PART, O, num_splits, stride_pr, stride_ps, stride_or,
+                        D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Row ``program_id(0)``: O[row] = Σ_s w_s·O_PART[row, s] / Σ_s w_s with w_s = e^(lse_s − max_s lse_s).
+    O_PART (rows, splits, D) float32, LSE_PART (rows, splits) contiguous float32, O (rows, D)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, D_PAD)
+    lse = tl.load(LSE_PART + row * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    m = tl.max(lse, 0)  # finite: every row sees at least one key in some split
+    w = tl.exp(lse - m)  # 0 for the empty splits (and the padding lanes)
+    full = lse > float("-inf")
+    o_part = tl.load(O_PART + row * stride_pr + offs_s[:, None] * stride_ps + offs_d[None, :],
+                     mask=full[:, None] & (offs_d[None, :] < D), other=0.0)  # empty splits wrote nothing
+    o = tl.sum(w[:, None] * o_part, 0) / tl.sum(w, 0)
+    tl.store(O + row * stride_or + offs_d, o.to(O.dtype.element_ty), mask=offs_d < D)
+
+
+JIT_KERNELS = (decode_split_kernel, decode_merge_kernel)
+
+
+# --- the host side ---------------------------------------------------------------------------------------------
+
+class Plan(NamedTuple):
+    """How one problem is launched: the tiles, the rows per program and the grid."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    row_blocks: int
+    num_splits: int
+    merge_warps: int
+
+
+def shared_bytes(tiles: tuple, D: int, dtype_bytes: int, block_m: int = 16) -> int:
+    """An estimate of a tile configuration's shared memory: ``num_stages − 1`` K and V tiles in flight (Triton's
+    pipeliner keeps that many asynchronous copies going; at least one), and Q. Compiled for sm_90 the kernel uses
+    this or less."""
+    block_n, _, num_stages = tiles
+    return (max(1, num_stages - 1) * 2 * block_n + block_m) * padded_head_dim(D) * dtype_bytes
+
+
+def tile_configs(D: int, dtype: torch.dtype, shared_memory: int | None = None, mode: str | None = None) -> list:
+    """The tile configurations for head dimension D and ``dtype``, those that fit ``shared_memory`` bytes (None:
+    all), default first."""
+    if (mode or runtime.MODE) == "interpreter":
+        return [INTERPRETER_TILES]
+    configs = FLOAT32_TILES if dtype == torch.float32 else TILES[padded_head_dim(D)]
+    if shared_memory is None:
+        return list(configs)
+    size = torch.finfo(dtype).bits // 8
+    return [t for t in configs if shared_bytes(t, D, size) <= shared_memory] or [configs[-1]]
+
+
+@functools.cache
+def _device_facts(device: torch.device) -> tuple[int, int | None]:
+    """(SM count, shared memory per block in bytes) of ``device``; nominal values in the interpreter."""
+    if device.type != "cuda":
+        return INTERPRETER_SM_COUNT, None
+    return gpu.sm_count(), gpu.target().shared_bytes
+
+
+def choose_num_splits(programs: int, key_blocks: int, sm_count: int) -> int:
+    """num_splits=0: without splits the grid has ``programs`` programs (B·Hkv·row blocks); split the keys until
+    there are PROGRAMS_PER_SM programs per SM, but keep at least MIN_BLOCKS_PER_SPLIT of the cache's ``key_blocks``
+    (its capacity: the lengths are on the GPU) in each split, and at most MAX_SPLITS splits."""
+    wanted = -(-sm_count * PROGRAMS_PER_SM // programs)
+    return max(1, min(wanted, key_blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS))
+
+
+def paged_stages(num_stages: int) -> int:
+    """The pipeline depth a paged cache gets for a configuration's ``num_stages``. The block table's load takes
+    stages of its own: compiled for sm_90, a paged kernel keeps as many K/V tiles in flight with 2·s − 1 stages as a
+    contiguous one with s (3 and 4 stages hold one tile of K and V in flight, 5 two, like 3 without pages)."""
+    return 2 * num_stages - 1
+
+
+@functools.cache
+def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: torch.dtype, num_splits: int,
+              device: torch.device, tiles: tuple | None = None, paged: bool = False) -> Plan:
+    """The launch of one problem (cached: the host's time per call matters when the cache is short)."""
+    sm_count, shared_memory = _device_facts(device)
+    block_n, num_warps, num_stages = tiles or tile_configs(D, dtype, shared_memory)[0]
+    if paged and num_stages > 1:
+        num_stages = paged_stages(num_stages)
+    rows = (Hq // Hkv) * Lq
+    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
+    row_blocks = triton.cdiv(rows, block_m)
+    if num_splits == 0:
+        num_splits = choose_num_splits(B * Hkv * row_blocks, triton.cdiv(capacity, block_n), sm_count)
+    block_s = triton.next_power_of_2(num_splits)
+    merge_warps = min(16, max(1, block_s * padded_head_dim(D) // 1024))
+    return Plan(block_m, block_n, num_warps, num_stages, row_blocks, num_splits, merge_warps)
+
+
+def _seqlens_tensor(cache_seqlens, B: int, device) -> torch.Tensor:
+    if isinstance(cache_seqlens, torch.Tensor):
+        return cache_seqlens
+    return torch.full((B,), cache_seqlens, dtype=torch.int32, device=device)  # a fill on the GPU: no host read
+
+
+def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
+                     num_splits=0, tiles: tuple | None = None, return_partials: bool = False):
+    """:func:`attention_with_kvcache` with the tiles given (``tiles`` = (BLOCK_N, num_warps, num_stages), one of
+    :func:`tile_configs`' or None for the default) and, with ``return_partials=True``, also the split kernel's
+    float32 partial outputs (B, Lq, Hq, splits, D) and log-sum-exps (B, Lq, Hq, splits), for notebook 15 (only
+    with more than one split)."""
+    p = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits,
+                             MAX_SPLITS)
+    check_kvcache_values(cache_seqlens, block_table, Lq=p["Lq"], capacity=p["capacity"], page_size=p["page_size"],
+                         num_pages=p["num_pages"])
+    B, Lq, Hq, Hkv, D = p["B"], p["Lq"], p["Hq"], p["Hkv"], p["D"]
+    plan = make_plan(B, Lq, Hq, Hkv, D, p["capacity"], q.dtype, p["num_splits"], q.device, tiles,
+                     block_table is not None)
+    if return_partials and plan.num_splits == 1:
+        raise ValueError("decode_attention: return_partials needs more than one split (num_splits > 1)")
+    seqlens = _seqlens_tensor(cache_seqlens, B, q.device)
+    out = torch.empty((B, Lq, Hq, D), dtype=q.dtype, device=q.device)
+    split = plan.num_splits > 1
+    if split:
+        o_part = torch.empty((B, Lq, Hq, plan.num_splits, D), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((B, Lq, Hq, plan.num_splits), dtype=torch.float32, device=q.device)
+        o_strides = o_part.stride()
+    else:
+        o_part, lse_part = out, out  # lse_part: unused without splits
+        o_strides = (*out.stride()[:3], 0, out.stride()[3])
+    table = block_table if block_table is not None else seqlens  # unused without pages
+    bt_strides = block_table.stride() if block_table is not None else (0, 0)
+    launch_cache.launch(
+        decode_split_kernel, (B * Hkv, plan.row_blocks, plan.num_splits),
+        (q, k_cache, v_cache, o_part, lse_part, seqlens, table, *q.stride(), *k_cache.stride(), *v_cache.stride(),
+         *o_strides, *bt_strides, Hkv, Hq // Hkv, Lq, p["capacity"], max(p["num_pages"], 1), p["scale"] * LOG2_E.value),
+        dict(D=D, D_PAD=padded_head_dim(D), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PAGE_SIZE=p["page_size"],
+             CAUSAL=p["causal"], SPLIT=split, PRECISION="ieee" if q.dtype == torch.float32 else "tf32"),
+        num_warps=plan.num_warps, num_stages=plan.num_stages)
+    if split:
+        rows = B * Lq * Hq
+        launch_cache.launch(
+            decode_merge_kernel, (rows,), (o_part, lse_part, out, plan.num_splits, plan.num_splits * D, D, D),
+            dict(D=D, D_PAD=padded_head_dim(D), BLOCK_S=triton.next_power_of_2(plan.num_splits)),
+            num_warps=plan.merge_warps)
+    return (out, o_part, lse_part) if return_partials else out
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
+                           num_splits=0):
+    """Attention of new queries over a key/value cache, with FlashAttention's ``flash_attn_with_kvcache`` layout.
+
+    q (B, Lq, Hq, D): Lq >= 1 new queries per sequence. k_cache, v_cache (B, S_max, Hkv, D), or paged
+    (num_pages, page_size, Hkv, D) with ``block_table`` (B, max_pages) int32 naming each sequence's pages in order
+    (page_size a multiple of 16). ``cache_seqlens`` (B,) int32, or an int for all: the valid keys of each sequence,
+    the new tokens' keys included (write them into the cache first). ``causal``: query i sees keys
+    j < cache_seqlens − Lq + i + 1 (bottom right, as FlashAttention aligns it). Hq a multiple of Hkv (grouped-query
+    attention: query head h reads K/V head h // (Hq / Hkv), without copying the cache); D up to 256;
+    ``softmax_scale`` defaults to 1/sqrt(D). ``num_splits``: 1 = one program per (sequence, K/V head, block of
+    query rows) walks all the keys; > 1 = the keys split in that many slices, merged by their log-sum-exp; 0 =
+    chosen from the problem and the GPU's SM count (:func:`choose_num_splits`). Returns (B, Lq, Hq, D) in q's dtype.
+
+    Nothing on the GPU path reads a tensor's values on the host, so the call can be captured in a CUDA graph. The
+    values of cache_seqlens and of the block table's pages in use are checked on the host (a synchronization)
+    when not capturing (``torch.cuda.is_current_stream_capturing()``), once per version of those tensors; inside a
+    capture nothing is checked, and the kernel clamps lengths and page numbers to the cache.
+    """
+    return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
+                            softmax_scale=softmax_scale, num_splits=num_splits)

@@ -1,0 +1,326 @@
+"""Decoding over a key/value cache (notebook 15): ``attention_with_kvcache`` against SDPA, ``fast`` without splits
+and FlexAttention, as a share of the copy bandwidth; the number of splits; tokens per second of generation.
+
+* ``decode_vs_sdpa``: one new query per sequence (Lq = 1) against a full cache, D = 128, Hq = 32 with Hkv = 8 and
+  32, B ∈ {1, 4, 16, 64}, contexts 1k–128k, fp16 and bf16. Each cell times, on the same inputs and in interleaved
+  rounds: ``attention_with_kvcache`` on the contiguous cache (num_splits chosen by the rule) and on the same cache
+  in shuffled pages, SDPA on the contiguous cache (q and the cache as (B, H, ·, D) views), ``fast`` (one program
+  per (batch, query head): no splits) and, where torch has it, FlexAttention (compiled; its decoding kernel), on
+  some cells. GB/s counts the cache's bytes (K and V, read once) over the median time; the share is of the copy
+  bandwidth measured at the start of the run (bytes read + written per second by a device-to-device copy). Also
+  the time against num_splits at a few shapes (the curve the rule is set from).
+* ``decode_generation``: the small GPT of notebook 13, larger (Llama-like heads), generating greedily with a KV
+  cache through ``attention_with_kvcache`` and through the same loop on SDPA: ms per step and tokens per second
+  at a long context, and the tokens of both loops and of generation without a cache compared (float32).
+
+The functions below run at any size with any timer, so that the host logic is tested in interpreter mode; the
+registered measurements call them at full size on the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import torch
+
+from flashattn import bench, runtime
+from flashattn.kernels import VARIANTS
+from flashattn.kernels.decode import attention_with_kvcache, decode_attention, make_plan
+from flashattn.measure.hardware import copy_bandwidth_gbps
+from flashattn.models.gpt import GPTConfig, sdpa_with_kvcache
+from flashattn.record import measurement
+from flashattn.reference import reference_with_kvcache, rel_error
+
+GRID = dict(batches=(1, 4, 16, 64), contexts=(1024, 4096, 16384, 32768, 131072), heads=((32, 8), (32, 32)), D=128,
+            dtypes=("float16", "bfloat16"))
+MAX_CACHE_BYTES = 40e9  # K and V of one cell; the paged copy doubles it (B = 64, 128k, Hkv = 32 would be 137 GB)
+PAGE_SIZE = 256  # keys per page of the paged copy (FlashAttention's paged cache takes multiples of 256)
+ROUNDS = 3
+WARMUP_MS, REP_MS = 5, 40  # per do_bench call: short, because the grid has ~80 cells of 4-5 kernels
+FAST_OPTIONS = dict(gluon=False, use_tma=False, block_m=16, block_n=64, num_warps=4, num_stages=3)
+FLEX_CELLS = dict(batches=(1, 16), contexts=(4096, 32768, 131072), dtypes=("float16",))  # it compiles per shape
+FLEX_BUDGET_S = 60  # no FlexAttention on new cells after this many seconds spent on it (it compiles per shape)
+SPLIT_CURVE = dict(shapes=((1, 8, 32768), (1, 8, 131072), (4, 8, 32768), (1, 32, 32768)), dtype="float16",
+                   splits=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128))
+
+
+def cache_bytes(B: int, S: int, Hkv: int, D: int, dtype_bytes: int) -> int:
+    """The bytes of K and V of B sequences of S keys: what one decoding step must read at least."""
+    return 2 * B * S * Hkv * D * dtype_bytes
+
+
+def _size(dtype: str) -> int:
+    return torch.finfo(getattr(torch, dtype)).bits // 8
+
+
+def cells(grid: dict = GRID, max_bytes: float = MAX_CACHE_BYTES) -> tuple[list[dict], list[dict]]:
+    """The grid's cells, and those left out because their cache exceeds ``max_bytes`` (with the reason)."""
+    kept, skipped = [], []
+    for dtype in grid["dtypes"]:
+        for Hq, Hkv in grid["heads"]:
+            for B in grid["batches"]:
+                for S in grid["contexts"]:
+                    cell = dict(dtype=dtype, B=B, S=S, Hq=Hq, Hkv=Hkv, D=grid["D"], Lq=1,
+                                cache_bytes=cache_bytes(B, S, Hkv, grid["D"], _size(dtype)))
+                    if cell["cache_bytes"] > max_bytes:
+                        skipped.append({**cell, "reason": f"cache {cell['cache_bytes'] / 1e9:.0f} GB > "
+                                                          f"{max_bytes / 1e9:.0f} GB (twice that with the paged copy)"})
+                    else:
+                        kept.append(cell)
+    return kept, skipped
+
+
+def make_problem(cell: dict, device, seed: int = 0, page_size: int = PAGE_SIZE) -> dict:
+    """Random q (B, 1, Hq, D) and a full cache (B, S, Hkv, D), the same cache in shuffled pages of ``page_size`` keys
+    (a divisor of S) and its block table, and cache_seqlens = S for every sequence."""
+    dtype = getattr(torch, cell["dtype"])
+    B, S, Hq, Hkv, D = cell["B"], cell["S"], cell["Hq"], cell["Hkv"], cell["D"]
+    if S % page_size:
+        raise ValueError(f"make_problem: page_size={page_size} must divide the context S={S}")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, cell["Lq"], Hq, D, generator=gen, device=device, dtype=dtype)
+    k, v = (torch.randn(B, S, Hkv, D, generator=gen, device=device, dtype=dtype) for _ in range(2))
+    pages = B * S // page_size
+    order = torch.randperm(pages, generator=gen, device=device)
+    kp = torch.empty((pages, page_size, Hkv, D), device=device, dtype=dtype)
+    vp = torch.empty_like(kp)
+    kp[order], vp[order] = k.view(pages, page_size, Hkv, D), v.view(pages, page_size, Hkv, D)  # page i at order[i]
+    return dict(q=q, k=k, v=v, kp=kp, vp=vp, table=order.view(B, S // page_size).int(),
+                seqlens=torch.full((B,), S, dtype=torch.int32, device=device))
+
+
+def _flex():
+    """FlexAttention compiled, or None where torch has none."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:
+        return None
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    return torch.compile(flex_attention)
+
+
+def kernels(p: dict, flex=None) -> dict:
+    """Name -> a function of no arguments, each computing the same (B, 1, Hq, D) output."""
+    q, k, v = p["q"], p["k"], p["v"]
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, ·, D) views: no copy
+    gqa = q.shape[2] != k.shape[2]
+    fns = {
+        "flashattn": lambda: attention_with_kvcache(q, k, v, p["seqlens"]),
+        "flashattn_paged": lambda: attention_with_kvcache(q, p["kp"], p["vp"], p["seqlens"], block_table=p["table"]),
+        "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa).transpose(1, 2),
+        "fast": lambda: VARIANTS["fast"](qt, kt, vt, **FAST_OPTIONS).transpose(1, 2),
+    }
+    if flex is not None:
+        fns["flex"] = lambda: flex(qt, kt, vt, enable_gqa=gqa).transpose(1, 2)
+    return fns
+
+
+def time_interleaved(fns: dict, rounds: int, timer) -> dict[str, list[float]]:
+    """Each function timed by ``timer(fn)`` (ms) once per round, the rounds in alternating order (a, b, c, c, b, a,
+    ...: a steady drift of the clock costs each the same)."""
+    times, order = {name: [] for name in fns}, list(fns)
+    for _ in range(rounds):
+        for name in order:
+            times[name].append(timer(fns[name]))
+        order.reverse()
+    return times
+
+
+def gpu_timer(fn) -> float:
+    return bench.time_ms(fn, warmup=WARMUP_MS, rep=REP_MS)
+
+
+def wall_timer(fn) -> float:
+    """For the interpreter (tests, stand-ins): one call's wall-clock time, meaning nothing about a GPU."""
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def measure_cell(cell: dict, p: dict, *, copy_gbps: float, timer, rounds: int, flex=None) -> dict:
+    """One row of ``decode_vs_sdpa``: times, GB/s, share of the copy bandwidth, ratio to SDPA, and each output's
+    relative error against the float64 reference on the first sequence's first group of query heads."""
+    fns = kernels(p, flex)
+    row = {**cell, "ms": {}, "gbps": {}, "share": {}, "vs_sdpa": {}, "rel_error": {}, "errors": {}}
+    group = cell["Hq"] // cell["Hkv"]
+    sl = (slice(0, 1), slice(None), slice(0, group))
+    ref = reference_with_kvcache(p["q"][sl], p["k"][:1, :, :1], p["v"][:1, :, :1], cell["S"]).double()
+    for name in list(fns):
+        try:
+            row["rel_error"][name] = rel_error(fns[name]()[sl], ref)  # compiles (and tunes) outside the timing
+        except Exception as err:  # noqa: BLE001 - a kernel that cannot run this cell is a result too
+            row["errors"][name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            del fns[name]
+    row["ms_rounds"] = time_interleaved(fns, rounds, timer)
+    for name, times in row["ms_rounds"].items():
+        ms = row["ms"][name] = statistics.median(times)
+        row["gbps"][name] = cell["cache_bytes"] / (ms * 1e-3) / 1e9
+        row["share"][name] = row["gbps"][name] / copy_gbps
+    for name, ms in row["ms"].items():
+        if "sdpa" in row["ms"] and name != "sdpa":
+            row["vs_sdpa"][name] = row["ms"]["sdpa"] / ms
+    dtype = getattr(torch, cell["dtype"])
+    row["num_splits"] = make_plan(cell["B"], 1, cell["Hq"], cell["Hkv"], cell["D"], cell["S"], dtype, 0,
+                                  p["q"].device).num_splits
+    return row
+
+
+def split_curve(shapes, dtype: str, splits, *, device, copy_gbps: float, timer, rounds: int, D: int = 128,
+                page_size: int = PAGE_SIZE) -> list:
+    """Time against num_splits (contiguous cache, Lq = 1, Hq = 32) at ``shapes`` (B, Hkv, S): one row per shape
+    with ``splits`` (those given and the rule's choice, ``rule``) and, in the same order, ``ms``, ``gbps`` and
+    ``share``."""
+    rows = []
+    for B, Hkv, S in shapes:
+        cell = dict(dtype=dtype, B=B, S=S, Hq=32, Hkv=Hkv, D=D, Lq=1,
+                    cache_bytes=cache_bytes(B, S, Hkv, D, _size(dtype)))
+        p = make_problem(cell, device, page_size=page_size)
+        rule = make_plan(B, 1, 32, Hkv, D, S, getattr(torch, dtype), 0, p["q"].device).num_splits
+        timed = sorted({*splits, rule})
+        fns = {n: functools.partial(decode_attention, p["q"], p["k"], p["v"], p["seqlens"], num_splits=n)
+               for n in timed}
+        for fn in fns.values():
+            fn()
+        times = time_interleaved(fns, rounds, timer)
+        ms = [statistics.median(times[n]) for n in timed]
+        gbps = [cell["cache_bytes"] / (m * 1e-3) / 1e9 for m in ms]
+        rows.append({**cell, "splits": timed, "ms": ms, "gbps": gbps, "share": [g / copy_gbps for g in gbps],
+                     "rule": rule})
+        del p
+    return rows
+
+
+def decode_table(grid: dict = GRID, *, device=None, timer=gpu_timer, rounds: int = ROUNDS,
+                 max_bytes: float = MAX_CACHE_BYTES, copy_gbps: float | None = None, flex: bool = True,
+                 page_size: int = PAGE_SIZE, progress=None) -> dict:
+    """``decode_vs_sdpa``'s table for ``grid`` (see the module docstring)."""
+    device = runtime.DEVICE if device is None else device
+    copy_gbps = copy_bandwidth_gbps() if copy_gbps is None else copy_gbps
+    kept, skipped = cells(grid, max_bytes)
+    flex_fn, flex_spent, rows = (_flex() if flex else None), 0.0, []
+    for cell in kept:
+        use_flex = (flex_fn is not None and flex_spent < FLEX_BUDGET_S and cell["B"] in FLEX_CELLS["batches"]
+                    and cell["S"] in FLEX_CELLS["contexts"] and cell["dtype"] in FLEX_CELLS["dtypes"])
+        p = make_problem(cell, device, page_size=page_size)
+        t0 = time.perf_counter()
+        row = measure_cell(cell, p, copy_gbps=copy_gbps, timer=timer, rounds=rounds,
+                           flex=flex_fn if use_flex else None)
+        flex_spent += (time.perf_counter() - t0) if use_flex else 0.0
+        rows.append(row)
+        if progress:
+            progress(format_row(row))
+        del p
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"rows": rows, "skipped": skipped, "copy_bandwidth_gbps": copy_gbps, "grid": {k: list(v) if isinstance(
+        v, tuple) else v for k, v in grid.items()}, "page_size": page_size, "rounds": rounds,
+        "fast_options": FAST_OPTIONS, "flex_cells": {k: list(v) for k, v in FLEX_CELLS.items()}}
+
+
+def format_row(row: dict) -> str:
+    cells_ = "  ".join(f"{n} {row['share'][n]:.0%}" + (f" ({row['vs_sdpa'][n]:.2f}×)" if n in row["vs_sdpa"] else "")
+                       for n in row["share"])
+    return (f"{row['dtype']:<9} B={row['B']:<3} S={row['S']:<7} Hq/Hkv={row['Hq']}/{row['Hkv']:<3} "
+            f"splits={row['num_splits']:<4} {cells_}")
+
+
+@measurement("decode_vs_sdpa", description="attention_with_kvcache (contiguous and paged) vs SDPA, fast and "
+                                           "FlexAttention at Lq = 1: B 1-64, context 1k-128k, Hkv 8/32, fp16/bf16")
+def decode_vs_sdpa() -> dict:
+    result = decode_table(progress=lambda line: print("  " + line, flush=True))
+    c = SPLIT_CURVE
+    result["split_curve"] = split_curve(c["shapes"], c["dtype"], c["splits"], device=runtime.DEVICE,
+                                        copy_gbps=result["copy_bandwidth_gbps"], timer=gpu_timer, rounds=ROUNDS)
+    result["notes"] = (f"Lq = 1, cache_seqlens = S for every sequence (a full cache); per cell every kernel timed on "
+                       f"the same inputs in {ROUNDS} interleaved rounds of do_bench (warmup {WARMUP_MS} ms, rep "
+                       f"{REP_MS} ms, L2 flushed before each call); GB/s = K and V bytes / median time; share = GB/s / "
+                       "the copy bandwidth measured at the start of this run; rel_error on the first sequence's "
+                       "first group of query heads against the float64 reference")
+    return result
+
+
+# --- generation --------------------------------------------------------------------------------------------
+
+GENERATION = dict(model=dict(n_layers=4, n_heads=32, n_kv_heads=8, d_model=4096), vocab_size=32000, batch=16,
+                  prompt=16384, steps=64, dtype="bfloat16",
+                  check=dict(model=dict(n_layers=2, n_heads=8, n_kv_heads=2, d_model=256), vocab_size=512, batch=4,
+                             prompt=200, steps=48))
+
+
+def _model(config: GPTConfig, device, dtype, seed: int = 0):
+    from flashattn.measure.measurements.training import make_model  # noqa: PLC0415 (the same layer)
+
+    return make_model(config, torch.nn.functional.scaled_dot_product_attention, seed, device).to(dtype).eval()
+
+
+def tokens_agree(model, prompt, steps: int) -> dict:
+    """Greedy tokens of generation without a cache, with attention_with_kvcache and with the SDPA cache loop; the
+    fraction of the cached loops' tokens equal to the uncached ones."""
+    full = model.generate(prompt, steps)
+    out = {}
+    for name, attention in (("flashattn", attention_with_kvcache), ("sdpa", sdpa_with_kvcache)):
+        got = model.generate(prompt, steps, model.new_cache(prompt.shape[0], attention=attention))
+        out[name] = (got == full).float().mean().item()
+    return out
+
+
+def step_times(model, prompt, steps: int, *, rounds: int) -> dict:
+    """Per attention (attention_with_kvcache, and the same loop on SDPA): ``steps`` single-token steps after the
+    prompt, timed by the wall clock with the GPU synchronized, in interleaved rounds from the same cache each time;
+    ms per step and tokens per second. The prompt runs once, through the SDPA loop; the other cache gets a copy of
+    its keys and values (the same numbers: what is timed is the steps)."""
+    sync = torch.cuda.synchronize if prompt.is_cuda else (lambda: None)
+    B, P = prompt.shape
+    caches = {name: model.new_cache(B, P + steps, attention=attention)
+              for name, attention in (("flashattn", attention_with_kvcache), ("sdpa", sdpa_with_kvcache))}
+    with torch.no_grad():
+        first = model(prompt, caches["sdpa"])[:, -1:].argmax(-1)
+    for k, v, k_src, v_src in zip(caches["flashattn"].k, caches["flashattn"].v, caches["sdpa"].k, caches["sdpa"].v,
+                                  strict=True):
+        k.copy_(k_src)
+        v.copy_(v_src)
+
+    def run(name) -> float:
+        cache, token = caches[name], first
+        cache.length = P
+        sync()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for _ in range(steps):
+                token = model(token, cache)[:, -1:].argmax(-1)
+        sync()
+        return (time.perf_counter() - t0) * 1e3 / steps
+
+    for name in caches:  # once untimed: compile, allocate
+        run(name)
+    times = time_interleaved({name: functools.partial(run, name) for name in caches}, rounds, lambda fn: fn())
+    ms = {name: statistics.median(t) for name, t in times.items()}
+    return {"ms_per_step": ms, "ms_rounds": times, "tokens_per_s": {name: B / (m * 1e-3) for name, m in ms.items()}}
+
+
+@measurement("decode_generation", description="greedy generation with a KV cache: attention_with_kvcache vs the "
+                                              "same loop on SDPA (tokens/s, bf16, 16k context), and the tokens checked")
+def decode_generation() -> dict:
+    g, c = GENERATION, GENERATION["check"]
+    check_cfg = GPTConfig(c["vocab_size"], c["prompt"] + c["steps"], **c["model"])
+    model = _model(check_cfg, "cuda", torch.float32)
+    prompt = torch.randint(0, c["vocab_size"], (c["batch"], c["prompt"]), device="cuda",
+                           generator=torch.Generator(device="cuda").manual_seed(1))
+    agree = tokens_agree(model, prompt, c["steps"])
+    del model
+    cfg = GPTConfig(g["vocab_size"], g["prompt"] + g["steps"], **g["model"])
+    model = _model(cfg, "cuda", getattr(torch, g["dtype"]))
+    prompt = torch.randint(0, g["vocab_size"], (g["batch"], g["prompt"]), device="cuda",
+                           generator=torch.Generator(device="cuda").manual_seed(2))
+    timing = step_times(model, prompt, g["steps"], rounds=ROUNDS)
+    for name in timing["ms_per_step"]:
+        print(f"  {name}: {timing['ms_per_step'][name]:.2f} ms per step, {timing['tokens_per_s'][name]:.0f} tokens/s",
+              flush=True)
+    return {**g, "float32_tokens_equal_to_uncached": agree, **timing,
+            "notes": "timing: the prompt once (SDPA loop; its keys and values copied into the other cache), then "
+                     f"`steps` greedy single-token steps (wall clock, GPU synchronized), {ROUNDS} interleaved rounds "
+                     "from the same cache; tokens/s = batch / time per step. float32_tokens_equal_to_uncached: the "
+                     "check model's greedy tokens with each cache loop against generation without a cache (fraction "
+                     "equal)"}

@@ -1,0 +1,235 @@
+"""attention_with_kvcache (notebook 15): the split-KV kernels against the float64 reference, contiguous and paged,
+and the errors of bad input."""
+
+import pytest
+import torch
+from helpers import DTYPES, TOL, rel_error
+from hypothesis import given
+from hypothesis import strategies as st
+
+import flashattn
+from flashattn import runtime
+from flashattn.kernels import decode
+from flashattn.reference import reference_with_kvcache
+
+DEV = runtime.DEVICE
+
+
+def randn(gen, *shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=gen).to(device=DEV, dtype=dtype)
+
+
+def contiguous_cache(B, S_max, Hkv, D, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return randn(gen, B, S_max, Hkv, D, dtype=dtype), randn(gen, B, S_max, Hkv, D, dtype=dtype)
+
+
+def paged(k_cache, v_cache, page_size, seed, spare=3):
+    """The same cache in pages of ``page_size`` keys, shuffled among ``spare`` unused pages, and its block table."""
+    B, S_max, Hkv, D = k_cache.shape
+    per_seq = -(-S_max // page_size)
+    num_pages = B * per_seq + spare
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))[: B * per_seq]
+    pad = per_seq * page_size - S_max
+    kp = torch.full((num_pages, page_size, Hkv, D), float("nan"), dtype=k_cache.dtype, device=DEV)  # unused: NaN
+    vp = kp.clone()
+    for dst, src in ((kp, k_cache), (vp, v_cache)):
+        padded = torch.nn.functional.pad(src, (0, 0, 0, 0, 0, pad))
+        dst[order.to(DEV)] = padded.reshape(B * per_seq, page_size, Hkv, D)
+    return kp, vp, order.view(B, per_seq).int().to(DEV)
+
+
+def lens(*values):
+    return torch.tensor(values, dtype=torch.int32, device=DEV)
+
+
+def check(q, k, v, seqlens, *, block_table=None, causal=True, num_splits=0, tiles=None):
+    out = decode.decode_attention(q, k, v, seqlens, block_table=block_table, causal=causal, num_splits=num_splits,
+                                  tiles=tiles)
+    ref = reference_with_kvcache(q, k, v, seqlens, block_table=block_table, causal=causal)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    err = rel_error(out, ref)
+    assert err < TOL[q.dtype], (err, num_splits, causal)
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [True, False])
+def test_ragged_lengths_every_split_count(dtype, causal):
+    # GQA 4/2, three queries; lengths 3 (= Lq), a block boundary ± 1 (32 keys per block here) and S_max
+    B, Lq, Hq, Hkv, D, S_max = 4, 3, 4, 2, 32, 80
+    k, v = contiguous_cache(B, S_max, Hkv, D, dtype, seed=1)
+    q = randn(torch.Generator().manual_seed(2), B, Lq, Hq, D, dtype=dtype)
+    seqlens = lens(3, 31, 33, S_max)
+    for num_splits in (1, 2, 3, 7):  # 7: more splits than the longest sequence's 3 key blocks
+        check(q, k, v, seqlens, causal=causal, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_query_one_key_and_auto_splits(dtype):
+    # Lq = 1 against caches of 1 key and up; num_splits = 0 (the rule), multi-head (Hq = Hkv) and grouped
+    k, v = contiguous_cache(3, 70, 2, 16, dtype, seed=3)
+    for Hq in (2, 6):
+        q = randn(torch.Generator().manual_seed(Hq), 3, 1, Hq, 16, dtype=dtype)
+        check(q, k, v, lens(1, 64, 70), num_splits=0)
+        check(q, k, v, 17, num_splits=2)  # an int: every sequence 17 keys
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size, tiles", [(16, (32, 4, 1)), (32, (16, 4, 1)), (48, (32, 4, 1))])
+def test_paged_equals_contiguous(dtype, page_size, tiles):
+    # pages shorter than a key block (one table entry per key), holding whole blocks (one per block), and a page
+    # size that is no multiple of the block; lengths at a page boundary ± 1
+    B, S_max, Hkv, D = 3, 100, 2, 32
+    k, v = contiguous_cache(B, S_max, Hkv, D, dtype, seed=page_size)
+    kp, vp, table = paged(k, v, page_size, seed=page_size)
+    q = randn(torch.Generator().manual_seed(5), B, 2, 4, D, dtype=dtype)
+    seqlens = lens(page_size - 1, page_size + 1, S_max)
+    for causal, num_splits in ((True, 1), (True, 3), (False, 2)):
+        out = check(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=num_splits, tiles=tiles)
+        flat = decode.decode_attention(q, k, v, seqlens, causal=causal, num_splits=num_splits, tiles=tiles)
+        assert rel_error(out, flat) < TOL[dtype]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_many_queries_span_several_row_blocks(causal):
+    # Lq = 20 queries of 4 grouped heads: 80 rows, more than one program's MAX_BLOCK_M = 64; each row block cuts its
+    # own key range (causal: the first block's queries see fewer keys)
+    k, v = contiguous_cache(2, 90, 2, 16, torch.float32, seed=11)
+    q = randn(torch.Generator().manual_seed(11), 2, 20, 8, 16)
+    assert decode.make_plan(2, 20, 8, 2, 16, 90, torch.float32, 1, DEV).row_blocks == 2
+    for num_splits in (1, 3):
+        check(q, k, v, lens(20, 90), causal=causal, num_splits=num_splits)
+
+
+def test_head_dims_strides_and_scale():
+    gen = torch.Generator().manual_seed(7)
+    for D in (40, 256):  # padded to 64 and the largest
+        k, v = contiguous_cache(2, 40, 1, D, torch.float16, seed=D)
+        q = randn(gen, 2, 2, 3, D, dtype=torch.float16)  # three query heads on one K/V head (MQA)
+        check(q, k, v, lens(2, 40), num_splits=2)
+    # q as a view of (B, Hq, Lq, D) storage, and caches that are views of a larger buffer
+    big_k, big_v = contiguous_cache(2, 50, 4, 32, torch.float32, seed=8)
+    k, v = big_k[:, :, 1:3], big_v[:, :, 1:3]
+    q = randn(gen, 2, 4, 2, 32).transpose(1, 2)
+    check(q, k, v, lens(9, 50), num_splits=3)
+    out = decode.decode_attention(q, k, v, lens(9, 50), softmax_scale=0.3)
+    assert rel_error(out, reference_with_kvcache(q, k, v, lens(9, 50), softmax_scale=0.3)) < TOL[torch.float32]
+
+
+def test_public_function_and_partials_merge_by_lse():
+    k, v = contiguous_cache(2, 64, 2, 16, torch.float32, seed=9)
+    q = randn(torch.Generator().manual_seed(9), 2, 1, 4, 16)
+    seqlens = lens(5, 64)
+    out, o_part, lse_part = decode.decode_attention(q, k, v, seqlens, num_splits=4, return_partials=True)
+    assert o_part.shape == (2, 1, 4, 4, 16) and lse_part.shape == (2, 1, 4, 4)
+    # 32 keys per block here: the first sequence's 5 keys lie in its first split, the second's 64 in two; the other
+    # splits are empty (lse = -inf)
+    assert torch.isneginf(lse_part[0, ..., 1:]).all() and torch.isfinite(lse_part[0, ..., 0]).all()
+    assert torch.isneginf(lse_part[1, ..., 2:]).all() and torch.isfinite(lse_part[1, ..., :2]).all()
+    w = torch.exp(lse_part - lse_part.amax(-1, keepdim=True))
+    merged = (w[..., None] * o_part.nan_to_num()).sum(-2) / w.sum(-1)[..., None]
+    assert rel_error(merged, out) < 1e-6
+    assert torch.equal(flashattn.attention_with_kvcache(q, k, v, seqlens, num_splits=4), out)
+
+
+def test_choose_num_splits():
+    # few programs: split until every SM has PROGRAMS_PER_SM of them, keeping MIN_BLOCKS_PER_SPLIT blocks in each
+    want = 132 * decode.PROGRAMS_PER_SM
+    assert decode.choose_num_splits(8, 10_000, 132) == -(-want // 8)
+    assert decode.choose_num_splits(8, 2 * decode.MIN_BLOCKS_PER_SPLIT, 132) == 2  # a short cache
+    assert decode.choose_num_splits(want, 10_000, 132) == 1  # enough programs already
+    assert decode.choose_num_splits(1, 10**6, 132) == decode.MAX_SPLITS
+    assert decode.choose_num_splits(1, 1, 132) == 1
+
+
+def test_tile_configs_fit_the_shared_memory():
+    for D in (64, 128, 256):
+        for dtype in (torch.float16, torch.float32):
+            configs = decode.tile_configs(D, dtype, shared_memory=100 * 1024, mode="gpu")
+            assert configs and all(decode.shared_bytes(t, D, 2 if dtype != torch.float32 else 4) <= 100 * 1024
+                                   for t in configs)
+    assert decode.tile_configs(128, torch.float16, mode="gpu")[0] == decode.TILES[128][0]
+    # a paged cache gets the deeper pipeline that keeps as many tiles in flight (decode.paged_stages)
+    flat, paged = (decode.make_plan(1, 1, 32, 8, 128, 4096, torch.float16, 0, DEV, (64, 4, 3), p) for p in (0, 1))
+    assert (flat.num_stages, paged.num_stages) == (3, 5)
+
+
+@given(B=st.integers(1, 3), Lq=st.integers(1, 3), group=st.sampled_from([1, 2, 3]), Hkv=st.integers(1, 2),
+       page=st.sampled_from([0, 16, 32]), causal=st.booleans(), num_splits=st.integers(0, 5), seed=st.integers(0, 99))
+def test_hypothesis(B, Lq, group, Hkv, page, causal, num_splits, seed):
+    gen = torch.Generator().manual_seed(seed)
+    S_max = 1 + int(torch.randint(Lq, 90, (1,), generator=gen))
+    k, v = contiguous_cache(B, S_max, Hkv, 16, torch.float16, seed)
+    q = randn(gen, B, Lq, group * Hkv, 16, dtype=torch.float16)
+    seqlens = torch.randint(Lq, S_max + 1, (B,), generator=gen, dtype=torch.int32).to(DEV)
+    table = None
+    if page:
+        k, v, table = paged(k, v, page, seed)
+    check(q, k, v, seqlens, block_table=table, causal=causal, num_splits=num_splits)
+
+
+# --- bad input ----------------------------------------------------------------------------------------------
+
+def _problem(dtype=torch.float16):
+    k, v = contiguous_cache(2, 32, 2, 16, dtype, seed=0)
+    return randn(torch.Generator().manual_seed(0), 2, 1, 4, 16, dtype=dtype), k, v
+
+
+@pytest.mark.skipif(runtime.MODE != "interpreter", reason="bfloat16 runs on a GPU")
+def test_bfloat16_is_refused_in_the_interpreter():
+    q, k, v = _problem(torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16 is refused in interpreter mode"):
+        flashattn.attention_with_kvcache(q, k, v, 4)
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (lambda q, k, v: (q[0], k, v, 4, {}), ValueError, "q must have 4 dimensions"),
+    (lambda q, k, v: (q, k, v[:, :16], 4, {}), ValueError, "k_cache and v_cache must have one shape"),
+    (lambda q, k, v: (q, k, v, 4 * torch.ones(2, dtype=torch.int64, device=DEV), {}), TypeError,
+     "cache_seqlens must be int32"),
+    (lambda q, k, v: (q, k, v, 4.0, {}), TypeError, "cache_seqlens must be"),
+    (lambda q, k, v: (q, k, v, lens(4), {}), ValueError, r"cache_seqlens must have shape \(B,\)"),
+    (lambda q, k, v: (q, k, v, 33, {}), ValueError, "cache_seqlens=33 .* from 1 to 32"),
+    (lambda q, k, v: (q, k, v, lens(4, 33), {}), ValueError, r"cache_seqlens\[1\] = 33"),
+    (lambda q, k, v: (q, k, v, lens(-1, 3), {}), ValueError, r"cache_seqlens\[0\] = -1"),
+    (lambda q, k, v: (q.expand(2, 3, 4, 16), k, v, lens(2, 5), {}), ValueError, r"cache_seqlens\[0\] = 2: .* Lq=3"),
+    (lambda q, k, v: (q[:, :, :3], k, v, 4, {}), ValueError, "multiple of the cache's key/value heads"),
+    (lambda q, k, v: (q[..., :8], k, v, 4, {}), ValueError, "one head dimension D"),
+    (lambda q, k, v: (q, k[:1], v[:1], 4, {}), ValueError, "without a block_table, k_cache is"),
+    (lambda q, k, v: (q.float(), k, v, 4, {}), TypeError, "one dtype"),
+    (lambda q, k, v: (q, k, v, 4, {"num_splits": -1}), ValueError, "num_splits must be an int"),
+    (lambda q, k, v: (q, k, v, 4, {"num_splits": decode.MAX_SPLITS + 1}), ValueError, "num_splits"),
+    (lambda q, k, v: (q, k, v, 4, {"causal": 1}), TypeError, "causal must be True or False"),
+    (lambda q, k, v: (q, k, v, 4, {"softmax_scale": 0.0}), ValueError, "scale must be finite and non-zero"),
+    (lambda q, k, v: (q, k, v, 4, {"block_table": torch.zeros(2, 2, dtype=torch.int64, device=DEV)}), TypeError,
+     "block_table must be int32"),
+    (lambda q, k, v: (q, k.view(4, 16, 2, 16), v.view(4, 16, 2, 16), 4,
+                      {"block_table": torch.zeros(3, 2, dtype=torch.int32, device=DEV)}), ValueError,
+     r"block_table must be \(B, max_pages\)"),
+    (lambda q, k, v: (q, k.view(8, 8, 2, 16), v.view(8, 8, 2, 16), 4,
+                      {"block_table": torch.zeros(2, 2, dtype=torch.int32, device=DEV)}), ValueError,
+     "page_size a multiple of 16"),
+    (lambda q, k, v: (q, k.view(4, 16, 2, 16), v.view(4, 16, 2, 16), 20,
+                      {"block_table": torch.tensor([[0, 1], [2, 4]], dtype=torch.int32, device=DEV)}), ValueError,
+     r"block_table\[1, 1\] = 4 names no page .* 4 pages"),
+    (lambda q, k, v: (q, k.view(4, 16, 2, 16), v.view(4, 16, 2, 16), lens(5, 33),
+                      {"block_table": torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEV)}), ValueError,
+     r"cache_seqlens\[1\] = 33: .* from 1 to 32"),
+])
+def test_bad_input_is_named(change, error, message):
+    q, k, v, seqlens, kwargs = change(*_problem())
+    with pytest.raises(error, match=message):
+        flashattn.attention_with_kvcache(q, k, v, seqlens, **kwargs)
+
+
+def test_unused_table_entries_are_not_checked_and_changed_values_are():
+    q, k, v = _problem()
+    kp, vp = k.view(4, 16, 2, 16), v.view(4, 16, 2, 16)
+    table = torch.tensor([[0, -1], [2, 3]], dtype=torch.int32, device=DEV)  # sequence 0 uses one page only
+    seqlens = lens(16, 20)
+    out = flashattn.attention_with_kvcache(q, kp, vp, seqlens, block_table=table)
+    assert rel_error(out, reference_with_kvcache(q, kp, vp, seqlens, block_table=table)) < TOL[q.dtype]
+    seqlens += 1  # in place: the lengths are checked again (sequence 0 now needs its second page)
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = -1"):
+        flashattn.attention_with_kvcache(q, kp, vp, seqlens, block_table=table)

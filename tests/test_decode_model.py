@@ -1,0 +1,71 @@
+"""Notebook 15's generation with a KV cache (notebook 13's GPT) and the decoding measurements' code paths, at toy
+sizes (the measurements themselves time a GPU)."""
+
+import torch
+from helpers import rel_error
+
+import flashattn
+from flashattn import record, runtime
+from flashattn.measure.measurements import decode as measure
+from flashattn.measure.measurements import training
+from flashattn.models.gpt import GPTConfig, sdpa_with_kvcache
+
+SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def small_model(seed=0):
+    config = GPTConfig(vocab_size=16, seq_len=20, n_layers=2, n_heads=4, n_kv_heads=2, d_model=32)
+    model = training.make_model(config, SDPA, seed=seed, device=runtime.DEVICE)
+    with torch.no_grad():
+        model.pos_emb.weight.mul_(0.1)  # random positions would outweigh the tokens: let the prompt matter
+    return model
+
+
+def test_generation_with_a_kv_cache_gives_the_tokens_of_generation_without():
+    model = small_model()
+    prompt = torch.randint(0, 16, (3, 6), generator=torch.Generator().manual_seed(1)).to(runtime.DEVICE)
+    full = model.generate(prompt, 8)  # every step runs the whole sequence (torch's SDPA)
+    assert full.shape == (3, 8) and len({tuple(r) for r in full.tolist()}) > 1  # the prompts lead apart
+    cached = model.generate(prompt, 8, model.new_cache(3))  # prompt once (Lq = 6), then Lq = 1 steps
+    assert torch.equal(cached, full)
+    assert torch.equal(model.generate(prompt, 8, model.new_cache(3, attention=sdpa_with_kvcache)), full)
+
+
+def test_sdpa_with_kvcache_is_attention_with_kvcache():
+    gen = torch.Generator().manual_seed(2)
+    k, v = (torch.randn(2, 30, 2, 16, generator=gen).to(runtime.DEVICE) for _ in range(2))
+    for L in (1, 4):
+        q = torch.randn(2, L, 4, 16, generator=gen).to(runtime.DEVICE)
+        ours = flashattn.attention_with_kvcache(q, k, v, 23)
+        assert rel_error(sdpa_with_kvcache(q, k, v, 23), ours) < 1e-5
+
+
+def test_full_grid_leaves_out_only_the_largest_cache():
+    kept, skipped = measure.cells()
+    assert len(kept) + len(skipped) == 4 * 5 * 2 * 2
+    assert {(c["B"], c["S"], c["Hkv"]) for c in skipped} == {(64, 131072, 32)}
+    assert all(2 * c["cache_bytes"] < 100e9 for c in kept)  # the paged copy beside it fits an H200
+    assert "decode_vs_sdpa" in record.load_measurements() and "decode_generation" in record.load_measurements()
+
+
+def test_decode_table_code_path():
+    grid = dict(batches=(1,), contexts=(64,), heads=((4, 2), (4, 4)), D=16, dtypes=("float16",))
+    table = measure.decode_table(grid, timer=measure.wall_timer, rounds=1, copy_gbps=1.0, flex=False, page_size=16,
+                                 max_bytes=measure.cache_bytes(1, 64, 2, 16, 2))
+    (row,), (skipped,) = table["rows"], table["skipped"]
+    assert (row["Hkv"], skipped["Hkv"]) == (2, 4) and "cache" in skipped["reason"]
+    assert set(row["ms"]) == {"flashattn", "flashattn_paged", "sdpa", "fast"} and not row["errors"]
+    assert all(err < 3e-3 for err in row["rel_error"].values())
+    assert row["share"]["sdpa"] == row["gbps"]["sdpa"] and set(row["vs_sdpa"]) == set(row["ms"]) - {"sdpa"}
+    curve = measure.split_curve(((1, 2, 64),), "float16", (1, 2), device=runtime.DEVICE, copy_gbps=1.0,
+                                timer=measure.wall_timer, rounds=1, D=16, page_size=16)
+    assert curve[0]["splits"] == [1, 2] and len(curve[0]["share"]) == 2 and curve[0]["rule"] >= 1
+
+
+def test_generation_measurement_code_path():
+    model = small_model()
+    prompt = torch.randint(0, 16, (2, 5), generator=torch.Generator().manual_seed(3)).to(runtime.DEVICE)
+    assert measure.tokens_agree(model, prompt, 4) == {"flashattn": 1.0, "sdpa": 1.0}
+    timing = measure.step_times(model, prompt, 3, rounds=1)
+    assert set(timing["tokens_per_s"]) == {"flashattn", "sdpa"}
+    assert all(len(t) == 1 for t in timing["ms_rounds"].values())

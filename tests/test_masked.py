@@ -1,0 +1,298 @@
+"""Masked attention (notebook 14): sliding windows, packed documents and the drop-in's attn_mask, forward and
+backward, against torch's SDPA in float64 with the same mask written out densely; and the work done: the
+(full, partial) blocks each program of each kernel computed, against the mask's block structure.
+
+Tolerances from helpers.TOL, gradients measured as in test_backward.py (grad_errors).
+"""
+
+import pytest
+import torch
+from helpers import TOL, rel_error
+from hypothesis import example, given
+from hypothesis import strategies as st
+from test_backward import grad_errors
+
+import flashattn
+from flashattn import masking, runtime
+from flashattn.kernels import mask_blocks as mb
+
+GPU = pytest.mark.skipif(runtime.MODE != "gpu", reason="needs a GPU")
+DTYPES = st.sampled_from([torch.float32, torch.float16])
+BLOCKS = st.sampled_from([16, 32])
+
+
+def randn(*shape, dtype, gen):
+    return torch.randn(*shape, generator=gen).to(device=runtime.DEVICE, dtype=dtype)
+
+
+def torch_reference(q, k, v, do, mask):
+    """Output and gradients by torch's SDPA in float64 with a dense (…, L, S) mask (K/V heads repeated for GQA)."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    group = q.shape[-3] // k.shape[-3]
+    mask = mask if mask.dtype == torch.bool else mask.double()
+    out = torch.nn.functional.scaled_dot_product_attention(q64, k64.repeat_interleave(group, -3),
+                                                           v64.repeat_interleave(group, -3), attn_mask=mask)
+    out.backward(do.double())
+    return out.detach(), (q64.grad, k64.grad, v64.grad)
+
+
+def forward_backward(q, k, v, do, counts=None, **kwargs):
+    """masked_forward then masked_backward, with the tiles in kwargs (forward tiles = dq tiles)."""
+    o, lse = masking.masked_forward(q, k, v, counts=counts, **{k: v for k, v in kwargs.items() if k != "dkdv_tiles"})
+    grads = masking.masked_backward(q, k, v, o, lse, do, counts=counts, dq_tiles=kwargs.get("tiles"),
+                                    **{k: v for k, v in kwargs.items() if k != "tiles"})
+    return o, grads
+
+
+def check(out, grads, ref_out, ref_grads, dtype):
+    assert rel_error(out, ref_out.to(out.dtype)) < TOL[dtype]
+    assert max(grad_errors(grads, ref_grads)) < TOL[dtype]
+
+
+# --- sliding windows ---------------------------------------------------------------------------------------------
+
+@given(L=st.integers(1, 80), S=st.integers(1, 80), left=st.sampled_from([-1, 0, 1, 7, 20]),
+       right=st.sampled_from([-1, 0, 3, 16]), causal=st.booleans(), hkv=st.integers(1, 2),
+       group=st.sampled_from([1, 2]), D=st.sampled_from([16, 24, 32]), bm=BLOCKS, bn=BLOCKS, dtype=DTYPES,
+       seed=st.integers(0, 2**16))
+@example(L=70, S=70, left=7, right=0, causal=True, hkv=1, group=2, D=32, bm=16, bn=16, dtype=torch.float16, seed=0)
+@example(L=64, S=20, left=3, right=0, causal=True, hkv=1, group=1, D=16, bm=32, bn=16, dtype=torch.float32, seed=1)
+def test_window_against_torch_and_its_blocks(L, S, left, right, causal, hkv, group, D, bm, bn, dtype, seed):
+    """Top-left windows, L ≠ S, GQA; rows that see no key (L > S with a window) give 0, as torch."""
+    right = min(right, 0) if causal else right
+    gen = torch.Generator().manual_seed(seed)
+    q, do = (randn(1, hkv * group, L, D, dtype=dtype, gen=gen) for _ in range(2))
+    k, v = (randn(1, hkv, S, D, dtype=dtype, gen=gen) for _ in range(2))
+    counts = {}
+    out, grads = forward_backward(q, k, v, do, counts, causal=causal, window=(left, right), tiles=(bm, bn, 4, 1),
+                                  dkdv_tiles=(bn, bm, 4, 1))
+    mask = mb.window_mask(L, S, (left, right), causal, device=q.device)
+    check(out, grads, *torch_reference(q, k, v, do, mask), dtype)
+    counts = {name: c.cpu() for name, c in counts.items()}
+    # the work: every program computed exactly the tiles the window leaves, as full or partial as they are
+    assert torch.equal(counts["forward"][0, 0], mb.counts(mb.window_kinds(L, S, bm, bn, (left, right), causal)))
+    assert torch.equal(counts["dq"], counts["forward"])
+    by_key = mb.counts(mb.window_kinds(L, S, bn, bm, (left, right), causal), dim=-2)
+    assert torch.equal(counts["dkdv"][0, 0], group * by_key)
+
+
+def test_window_skips_what_it_should_at_a_longer_length():
+    """N = 512 with a window of 64 keys: at most 3 key blocks of 32 per Q block of 32 (45 in all, causal: 136)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (randn(1, 1, 512, 16, dtype=torch.float16, gen=gen) for _ in range(3))
+    counts = {}
+    out, _ = masking.masked_forward(q, k, v, causal=True, window=(63, 0), tiles=(32, 32, 4, 1), counts=counts)
+    full, partial = counts["forward"][0, 0].sum(0).tolist()  # (tolist: on any device)
+    assert (full, partial) == (15, 30)  # past the first Q block: one full key block, the diagonal and the left edge
+    assert rel_error(out, torch_reference(q, k, v, q, mb.window_mask(512, 512, (63, 0), True))[0].half()) < TOL[
+        torch.float16]
+
+
+def test_attention_routes_windows_and_keeps_the_plain_path():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, do = (randn(2, 2, 50, 16, dtype=torch.float32, gen=gen) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flashattn.attention(*leaves, variant="fast", causal=True, window=(10, 0))
+    out.backward(do)
+    ref_out, ref_grads = torch_reference(q, k, v, do, mb.window_mask(50, 50, (10, 0), True))
+    check(out.detach(), [t.grad for t in leaves], ref_out, ref_grads, torch.float32)
+    unbounded = flashattn.attention(q, k, v, variant="fast", causal=True, window=(-1, -1))
+    assert rel_error(unbounded, flashattn.attention(q, k, v, variant="fast", causal=True)) < TOL[torch.float32]
+    with pytest.raises(ValueError, match="window is an option of variant 'fast'"):
+        flashattn.attention(q, k, v, variant="v2", window=(4, 4))
+    with pytest.raises(ValueError, match="right side is 0"):
+        flashattn.attention(q, k, v, variant="fast", causal=True, window=(4, 4))
+    with pytest.raises(ValueError, match=">= -1"):
+        flashattn.attention(q, k, v, variant="fast", window=(-2, 4))
+    with pytest.raises(TypeError, match="pair of ints"):
+        flashattn.attention(q, k, v, variant="fast", window=4)
+    with pytest.raises(TypeError, match="unknown option"):
+        flashattn.attention(q, k, v, variant="fast", window=(4, 4), block_q=3)
+    with pytest.raises(ValueError, match="block sizes powers of two"):
+        flashattn.attention(q, k, v, variant="fast", window=(4, 4), tiles=(24, 32, 4, 1))
+
+
+# --- packed documents --------------------------------------------------------------------------------------------
+
+LENGTHS = st.lists(st.integers(1, 40), min_size=1, max_size=3)
+
+
+@given(lengths_q=LENGTHS, data=st.data(), left=st.sampled_from([-1, 0, 5, 17]), right=st.sampled_from([-1, 0, 9]),
+       causal=st.booleans(), group=st.sampled_from([1, 2]), dtype=DTYPES, bm=BLOCKS, bn=BLOCKS,
+       seed=st.integers(0, 2**16))
+@example(lengths_q=[1, 33, 16], data=None, left=-1, right=-1, causal=True, group=2, dtype=torch.float16, bm=16,
+         bn=16, seed=0)
+def test_varlen_against_torch_and_its_blocks(lengths_q, data, left, right, causal, group, dtype, bm, bn, seed):
+    """Documents of any length (1, not multiples of the blocks), as many keys as queries or not (bottom-right)."""
+    same = data is None or data.draw(st.booleans(), label="same lengths")
+    lengths_k = lengths_q if same else data.draw(st.lists(st.integers(1, 40), min_size=len(lengths_q),
+                                                           max_size=len(lengths_q)), label="lengths_k")
+    right = min(right, 0) if causal else right
+    gen = torch.Generator().manual_seed(seed)
+    q, do = (randn(sum(lengths_q), group, 16, dtype=dtype, gen=gen) for _ in range(2))
+    k, v = (randn(sum(lengths_k), 1, 16, dtype=dtype, gen=gen) for _ in range(2))
+    cu_q, cu_k = mb.cu_seqlens(lengths_q, q.device), mb.cu_seqlens(lengths_k, q.device)
+    counts = {}
+    out, grads = forward_backward(q, k, v, do, counts, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                  max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k), causal=causal,
+                                  window=(left, right), tiles=(bm, bn, 4, 1), dkdv_tiles=(bm, bn, 4, 1))
+    heads = masking._packed_view  # (total, H, D) -> (1, H, total, D)
+    mask = mb.document_mask(lengths_q, lengths_k, (left, right), causal, device=q.device)
+    ref_out, ref_grads = torch_reference(heads(q), heads(k), heads(v), heads(do), mask)
+    check(heads(out), [heads(g) for g in grads], ref_out, ref_grads, dtype)
+    counts = {name: c.cpu() for name, c in counts.items()}
+    for doc, (lq, lk) in enumerate(zip(lengths_q, lengths_k, strict=True)):
+        kinds = mb.window_kinds(lq, lk, bm, bn, (left, right), causal, offset=lk - lq)
+        forward, by_key = counts["forward"][:, doc], counts["dkdv"][:, doc]
+        assert torch.equal(forward[:, :kinds.shape[0]], mb.counts(kinds).expand(group, -1, -1))
+        assert not forward[:, kinds.shape[0]:].any()  # blocks past the document's end: no program
+        assert torch.equal(by_key[0, :kinds.shape[1]], group * mb.counts(kinds, dim=-2))
+
+
+def test_attention_varlen_is_differentiable_and_checks_its_arguments():
+    gen = torch.Generator().manual_seed(1)
+    lengths = [7, 30, 1]
+    q, k, v, do = (randn(38, 2, 16, dtype=torch.float32, gen=gen) for _ in range(4))
+    cu = mb.cu_seqlens(lengths, q.device)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flashattn.attention_varlen(*leaves, cu, cu, 30, 30, causal=True)
+    out.backward(do)
+    heads = masking._packed_view
+    mask = mb.document_mask(lengths, causal=True, device=q.device)
+    ref_out, ref_grads = torch_reference(heads(q), heads(k), heads(v), heads(do), mask)
+    check(heads(out.detach()), [heads(t.grad) for t in leaves], ref_out, ref_grads, torch.float32)
+    varlen = flashattn.attention_varlen
+    with pytest.raises(ValueError, match=r"int32 tensor of shape \(B \+ 1,\)"):
+        varlen(q, k, v, cu.long(), cu, 30, 30)
+    with pytest.raises(ValueError, match="rise from 0 to 38"):
+        varlen(q, k, v, mb.cu_seqlens([7, 30, 2], q.device), cu, 30, 30)
+    with pytest.raises(ValueError, match="more than max_seqlen 20"):
+        varlen(q, k, v, cu, cu, 20, 30)
+    with pytest.raises(ValueError, match="as many documents"):
+        varlen(q, k[:37], v[:37], cu, mb.cu_seqlens([7, 30], q.device), 30, 30)
+    with pytest.raises(ValueError, match=r"\(total, heads, D\)"):
+        varlen(q[None], k, v, cu, cu, 30, 30)
+    with pytest.raises(ValueError, match="positive int"):
+        varlen(q, k, v, cu, cu, 0, 30)
+
+
+# --- the drop-in's attn_mask -------------------------------------------------------------------------------------
+
+MASK_SHAPES = [(20, 40), (2, 1, 20, 40), (1, 4, 20, 40), (2, 1, 1, 40), (4, 20, 40), (20, 1), (2, 4, 20, 40)]
+
+
+def random_mask(shape, kind, gen, device):
+    """A boolean mask (True = takes part), or a float one with -inf, 0 and other values."""
+    takes = torch.rand(shape, generator=gen) < 0.6
+    if kind == "bool":
+        return takes.to(device)
+    values = torch.randn(shape, generator=gen)
+    values[torch.rand(shape, generator=gen) < 0.4] = 0.0
+    return values.masked_fill(~takes, float("-inf")).to(device)
+
+
+@given(shape=st.sampled_from(MASK_SHAPES), kind=st.sampled_from(["bool", "float"]), causal=st.booleans(),
+       dtype=DTYPES, seed=st.integers(0, 2**16))
+@example(shape=(2, 1, 1, 40), kind="bool", causal=True, dtype=torch.float16, seed=0)
+def test_sdpa_attn_mask_against_torch(shape, kind, causal, dtype, seed):
+    """Broadcast shapes (read through zero strides), boolean and float masks, combined with is_causal, GQA."""
+    gen = torch.Generator().manual_seed(seed)
+    q, do = (randn(2, 4, 20, 16, dtype=dtype, gen=gen) for _ in range(2))
+    k, v = (randn(2, 2, 40, 16, dtype=dtype, gen=gen) for _ in range(2))
+    mask = random_mask(shape, kind, gen, q.device)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flashattn.scaled_dot_product_attention(*leaves, attn_mask=mask, is_causal=causal, enable_gqa=True)
+    out.backward(do)
+    dense = mask.expand(2, 4, 20, 40)
+    if causal:
+        keep = mb.window_mask(20, 40, causal=True, device=q.device)
+        dense = dense & keep if kind == "bool" else dense.masked_fill(~keep, float("-inf"))
+    check(out.detach(), [t.grad for t in leaves], *torch_reference(q, k, v, do, dense), dtype)
+
+
+def test_attn_mask_blocks_and_counts():
+    """A key-padding mask (B, 1, 1, S): the blocks past each sequence's length are skipped by every kernel."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, do = (randn(2, 2, 64, 16, dtype=torch.float16, gen=gen) for _ in range(4))
+    mask = mb.padding_mask([20, 64], 64, device=q.device)
+    counts = {}
+    forward_backward(q, k, v, do, counts, attn_mask=mask.expand(2, 2, 64, 64), tiles=(16, 16, 4, 1),
+                     dkdv_tiles=(16, 16, 4, 1))
+    kinds = mb.classify(mask, 16, 16, shape=(64, 64)).cpu()  # (2, 1, 4, 4)
+    counts = {name: c.cpu() for name, c in counts.items()}
+    assert torch.equal(counts["forward"], mb.counts(kinds).transpose(0, 1).expand(2, 2, 4, 2))
+    assert counts["forward"][:, 0].sum(-2).tolist() == [[4, 4]] * 2  # sequence 0: 1 full and 1 partial per Q block
+    assert torch.equal(counts["dkdv"], mb.counts(kinds, dim=-2).transpose(0, 1).expand(2, 2, 4, 2))
+    assert counts["dkdv"][0, 0].tolist() == [[4, 0], [0, 4], [0, 0], [0, 0]]  # keys past 20: no Q block at all
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_rows_the_mask_covers_entirely_give_what_torch_gives(kind):
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, do = (randn(1, 2, 40, 16, dtype=torch.float32, gen=gen) for _ in range(4))
+    mask = torch.rand(40, 40, generator=gen) < 0.5
+    mask[3] = mask[17:35] = False  # whole rows, and whole blocks of rows
+    mask = mask if kind == "bool" else torch.zeros(40, 40).masked_fill(~mask, float("-inf"))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flashattn.scaled_dot_product_attention(*leaves, attn_mask=mask.to(q.device))
+    out.backward(do)
+    ref_out, ref_grads = torch_reference(q, k, v, do, mask)
+    assert not out[:, :, 3].any() and not out[:, :, 17:35].any() and not leaves[0].grad[:, :, 17:35].any()
+    check(out.detach(), [t.grad for t in leaves], ref_out, ref_grads, torch.float32)
+
+
+def test_a_float_mask_at_float32s_lowest_is_finite_as_in_torch():
+    """-3.4e38 (torch.finfo(float32).min, a common 'masked' value) is a finite score: a row of it is uniform."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (randn(1, 1, 20, 16, dtype=torch.float32, gen=gen) for _ in range(3))
+    mask = torch.zeros(20, 20)
+    mask[4] = torch.finfo(torch.float32).min
+    mask[5, :7] = torch.finfo(torch.float32).min
+    out = flashattn.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask.double())
+    assert rel_error(out, ref.float()) < TOL[torch.float32]
+    assert torch.allclose(out[0, 0, 4], v[0, 0].mean(0), atol=1e-5)
+
+
+def test_sdpa_attn_mask_errors_name_the_argument():
+    q = torch.zeros(1, 2, 8, 16, device=runtime.DEVICE)
+    sdpa = flashattn.scaled_dot_product_attention
+    with pytest.raises(ValueError, match="gradient is not computed"):
+        sdpa(q, q, q, attn_mask=torch.zeros(8, 8, device=q.device, requires_grad=True))
+    with torch.no_grad():  # no gradient asked for: fine
+        sdpa(q, q, q, attn_mask=torch.zeros(8, 8, device=q.device, requires_grad=True))
+    with pytest.raises(TypeError, match="attn_mask must be bool"):
+        sdpa(q, q, q, attn_mask=torch.zeros(8, 8, dtype=torch.int64, device=q.device))
+    with pytest.raises(TypeError, match="attn_mask must be bool"):
+        sdpa(q.half(), q.half(), q.half(), attn_mask=torch.zeros(8, 8, dtype=torch.float64, device=q.device))
+    with pytest.raises(ValueError, match=r"does not broadcast to \(\.\.\., L, S\)"):
+        sdpa(q, q, q, attn_mask=torch.ones(3, 8, 8, dtype=torch.bool, device=q.device))
+    with pytest.raises(TypeError, match="torch.Tensor or None"):
+        sdpa(q, q, q, attn_mask=[[True]])
+    with pytest.raises(ValueError, match="dropout_p"):
+        sdpa(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool, device=q.device), dropout_p=0.1)
+    if runtime.MODE == "interpreter":
+        with pytest.raises(TypeError, match="bfloat16 is refused in interpreter mode"):
+            sdpa(q.bfloat16(), q.bfloat16(), q.bfloat16(), attn_mask=torch.ones(8, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="cannot be combined"):
+        masking.masked_forward(q, q, q, window=(2, 2), attn_mask=torch.ones(1, 2, 8, 8, dtype=torch.bool))
+
+
+def test_sdpa_attn_mask_with_several_batch_dimensions():
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (randn(2, 3, 2, 24, 16, dtype=torch.float32, gen=gen) for _ in range(3))
+    mask = torch.rand(2, 1, 1, 24, 24, generator=gen) < 0.7  # broadcast along one batch dimension and the heads
+    out = flashattn.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    assert out.shape == q.shape and rel_error(out, ref.float()) < TOL[torch.float32]
+
+
+@GPU
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_masks_at_full_size_on_gpu(dtype):
+    gen = torch.Generator().manual_seed(11)
+    q, do = (randn(1, 8, 4096, 128, dtype=dtype, gen=gen) for _ in range(2))
+    k, v = (randn(1, 4, 4096, 128, dtype=dtype, gen=gen) for _ in range(2))
+    out, grads = forward_backward(q, k, v, do, causal=True, window=(1023, 0))
+    check(out, grads, *torch_reference(q, k, v, do, mb.window_mask(4096, 4096, (1023, 0), True, device=q.device)),
+          dtype)
