@@ -29,7 +29,7 @@ def torch_reference(q, k, v, do, mask):
     """Output and gradients by torch's SDPA in float64 with a dense (…, L, S) mask (K/V heads repeated for GQA)."""
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     group = q.shape[-3] // k.shape[-3]
-    mask = mask if mask.dtype == torch.bool else mask.double()
+    mask = mask.to(q.device) if mask.dtype == torch.bool else mask.to(q.device).double()
     out = torch.nn.functional.scaled_dot_product_attention(q64, k64.repeat_interleave(group, -3),
                                                            v64.repeat_interleave(group, -3), attn_mask=mask)
     out.backward(do.double())
@@ -164,8 +164,9 @@ def test_attention_varlen_is_differentiable_and_checks_its_arguments():
     varlen = flashattn.attention_varlen
     with pytest.raises(ValueError, match=r"int32 tensor of shape \(B \+ 1,\)"):
         varlen(q, k, v, cu.long(), cu, 30, 30)
-    with pytest.raises(ValueError, match="rise from 0 to 38"):
-        varlen(q, k, v, mb.cu_seqlens([7, 30, 2], q.device), cu, 30, 30)
+    if q.device.type == "cpu":  # the values of cu_seqlens are read only where that costs no GPU synchronization
+        with pytest.raises(ValueError, match="rise from 0 to 38"):
+            varlen(q, k, v, mb.cu_seqlens([7, 30, 2], q.device), cu, 30, 30)
     with pytest.raises(ValueError, match="more than max_seqlen 20"):
         varlen(q, k, v, cu, cu, 20, 30)
     with pytest.raises(ValueError, match="as many documents"):
@@ -249,7 +250,8 @@ def test_a_float_mask_at_float32s_lowest_is_finite_as_in_torch():
     mask[4] = torch.finfo(torch.float32).min
     mask[5, :7] = torch.finfo(torch.float32).min
     out = flashattn.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device))
-    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask.double())
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                           attn_mask=mask.to(q.device).double())
     assert rel_error(out, ref.float()) < TOL[torch.float32]
     assert torch.allclose(out[0, 0, 4], v[0, 0].mean(0), atol=1e-5)
 
@@ -283,7 +285,8 @@ def test_sdpa_attn_mask_with_several_batch_dimensions():
     q, k, v = (randn(2, 3, 2, 24, 16, dtype=torch.float32, gen=gen) for _ in range(3))
     mask = torch.rand(2, 1, 1, 24, 24, generator=gen) < 0.7  # broadcast along one batch dimension and the heads
     out = flashattn.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device))
-    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                           attn_mask=mask.to(q.device))
     assert out.shape == q.shape and rel_error(out, ref.float()) < TOL[torch.float32]
 
 

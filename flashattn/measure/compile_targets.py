@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from flashattn import runtime
 from flashattn.kernels import aot, backward, device, fast, fast_backward, fast_options, naive, v1, v2
 from flashattn.kernels.constants import LOG2_E
 from flashattn.validate import TILE_KEYS
@@ -187,11 +188,12 @@ def _captured_launches(where: device.Target, D: int, dtype: torch.dtype) -> dict
 
     fwd = masked.tiles_for(dtype, D, mode="gpu")[0]
     dkdv, dq = (masked_backward.tiles_for(k, dtype, D, mode="gpu")[0] for k in ("dkdv", "dq"))
-    q, k, v, do = (torch.zeros(1, 2, N, D, dtype=dtype) for _ in range(4))
-    o, lse = torch.empty_like(q), torch.zeros(1, 2, N)
-    cu = mask_blocks.cu_seqlens([100, N - 100])
+    dev = runtime.DEVICE  # the host code checks its inputs as a launch would (CUDA tensors in GPU mode)
+    q, k, v, do = (torch.zeros(1, 2, N, D, dtype=dtype, device=dev) for _ in range(4))
+    o, lse = torch.empty_like(q), torch.zeros(1, 2, N, device=dev)
+    cu = mask_blocks.cu_seqlens([100, N - 100], dev)
     packed = [t[0].transpose(0, 1) for t in (q, k, v, do, o)]
-    mask = torch.ones(N, N, dtype=torch.bool).tril()
+    mask = torch.ones(N, N, dtype=torch.bool, device=dev).tril()
     masks = {"window": dict(window=(63, 0)), "attn_mask": dict(attn_mask=mask.expand(1, 2, N, N)),
              "documents": dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=N - 100, max_seqlen_k=N - 100)}
     found = {}
@@ -202,8 +204,9 @@ def _captured_launches(where: device.Target, D: int, dtype: torch.dtype) -> dict
             masking.masked_forward(*args, causal=True, tiles=fwd, **kw)
             masking.masked_backward(*args, *out, grad, causal=True, dkdv_tiles=dkdv, dq_tiles=dq, **kw)
         tiles = decode.tile_configs(D, dtype, where.shared_bytes, mode="gpu")[0]
-        cache = torch.zeros(2, N, 2, D, dtype=dtype)
-        decode.decode_attention(torch.zeros(2, 1, 8, D, dtype=dtype), cache, cache, N, num_splits=4, tiles=tiles)
+        cache = torch.zeros(2, N, 2, D, dtype=dtype, device=dev)
+        decode.decode_attention(torch.zeros(2, 1, 8, D, dtype=dtype, device=dev), cache, cache, N, num_splits=4,
+                                tiles=tiles)
     kernels = {*masked.JIT_KERNELS, *masked_backward.JIT_KERNELS, decode.decode_split_kernel,
                decode.decode_merge_kernel}
     for kernel, _, args, constexprs, options in launches:
