@@ -167,8 +167,8 @@ def test_attention_varlen_is_differentiable_and_checks_its_arguments():
     if q.device.type == "cpu":  # the values of cu_seqlens are read only where that costs no GPU synchronization
         with pytest.raises(ValueError, match="rise from 0 to 38"):
             varlen(q, k, v, mb.cu_seqlens([7, 30, 2], q.device), cu, 30, 30)
-    with pytest.raises(ValueError, match="more than max_seqlen 20"):
-        varlen(q, k, v, cu, cu, 20, 30)
+        with pytest.raises(ValueError, match="more than max_seqlen 20"):
+            varlen(q, k, v, cu, cu, 20, 30)
     with pytest.raises(ValueError, match="as many documents"):
         varlen(q, k[:37], v[:37], cu, mb.cu_seqlens([7, 30], q.device), 30, 30)
     with pytest.raises(ValueError, match=r"\(total, heads, D\)"):

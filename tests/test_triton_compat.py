@@ -43,3 +43,8 @@ def test_the_package_reaches_triton_internals_only_through_this_module():
     private = re.compile(r"triton\._C|_semantic|language\._core|from triton\.[a-z_.]*import _")
     users = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if private.search(p.read_text()))
     assert users == ["kernels/triton_compat.py"], users
+
+
+def test_the_interpreter_index_fix_is_installed_where_triton_needs_it():
+    """Triton 3.6's interpreter indexes with int() of a one-element array, which NumPy 2.5 refuses; 3.7 squeezes."""
+    assert (tc.INTERPRETER_INDEX_FIX is not None) == (tc.VERSION < (3, 7))

@@ -168,7 +168,8 @@ def backward_shared_bytes(kernel: str, tiles: tuple, D: int, dtype: torch.dtype,
     """The Triton backward (fast_backward.py, backward.py): the dK/dV kernel keeps K and V and streams Q and dO
     (four products; with ``atomic`` a fifth, dQ, staged as float32), the dQ kernel keeps Q and dO and streams K and
     V (three products, dS made in registers). ``teaching``: backward.py's kernels, whose dK/dV kernel computes P
-    and dS untransposed and hands them to the tensor cores transposed (two more register-made operands)."""
+    and dS untransposed and hands them to the tensor cores transposed (two more tiles through shared memory, on
+    every target: Triton 3.6 stages them on sm_90 too)."""
     bm, bn, _, stages = tiles[:4]
     d = padded_head_dim(D)
     if kernel == "dkdv":
@@ -179,7 +180,8 @@ def backward_shared_bytes(kernel: str, tiles: tuple, D: int, dtype: torch.dtype,
         dots = [(bm, bn, d), (bm, bn, d), (bm, d, bn)]
     return device.tile_shared_bytes(element=dtype.itemsize, d=d, kept_rows=2 * kept, streamed_rows=2 * streamed,
                                     stages=stages, dots=dots, p_elements=p,
-                                    extra=(4 * bm * (d + bn) if atomic else 0) + extra,
+                                    extra=(4 * bm * (d + bn) if atomic else 0) + extra
+                                    + (2 * dtype.itemsize * bm * bn if teaching and kernel == "dkdv" else 0),
                                     mma=dtype != torch.float32 or precision != "ieee", where=where)
 
 

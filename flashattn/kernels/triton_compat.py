@@ -135,6 +135,31 @@ EXPECTED = {
 }
 
 
+# --- the interpreter --------------------------------------------------------------------------------------
+def _interpreter_index_fix():
+    """Triton 3.6's interpreter turns a one-element array into an index with ``int(array)``, which NumPy 2.5
+    refuses ("only 0-dimensional arrays can be converted to Python scalars": every ``range(0, hi, BLOCK)`` over a
+    computed bound fails); Triton 3.7 and later squeeze the array first. The same for 3.6 (seen on the H200's
+    image: Triton 3.6.0 with NumPy 2.5.2, in the interpreted processes of notebook 16)."""
+    if VERSION >= (3, 7):
+        return None
+    try:
+        from triton.runtime import interpreter
+        original = interpreter._patch_lang_tensor
+    except (ImportError, AttributeError):
+        return None
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patched
+    return patched
+
+
+INTERPRETER_INDEX_FIX = _interpreter_index_fix()  # None where the installed Triton needs none
+
+
 # --- compiling from interpreter mode ------------------------------------------------------------------------
 # The interpreter runs a kernel by patching ``triton.language`` (its operations computed with NumPy), and in
 # Triton 3.6 to 3.9 a jit function called from inside a kernel patches it again without undoing it, so after the
