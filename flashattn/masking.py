@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 from flashattn.kernels import mask_blocks, masked
 from flashattn.kernels import masked_backward as masked_bwd
 from flashattn.kernels.fast_backward import delta_rows
+from flashattn.kernels.fast_options import check_tiles
 from flashattn.validate import check_attention_inputs
 
 HEAD_DIMS = range(1, 257)
@@ -52,15 +53,7 @@ class Spec:
 # --- checks --------------------------------------------------------------------------------------------------
 
 def _check_tiles(name: str, tiles):
-    ok = isinstance(tiles, (tuple, list)) and len(tiles) == 4 and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in tiles)
-    if ok:
-        bm, bn, warps, stages = tiles
-        ok = all(x >= 16 and x & (x - 1) == 0 for x in (bm, bn)) and warps in (1, 2, 4, 8, 16) and stages >= 1
-    if not ok:
-        raise ValueError(f"{name} must be None or (block_m, block_n, num_warps, num_stages) with block sizes powers of "
-                         f"two >= 16, num_warps a power of two <= 16 and num_stages >= 1; got {tiles!r}")
-    return tuple(tiles)
+    return check_tiles(name, tiles, variant="masked attention")
 
 
 def check_cu_seqlens(cu, name: str, total: int, max_seqlen, device) -> int:

@@ -363,7 +363,8 @@ def backward_default_options(dtype: torch.dtype, D: int, mode: str | None = None
                 dq_mode=DEFAULT_DQ_MODE, input_precision="ieee", gluon=None)
 
 
-def _backward_tiles(name: str, tiles) -> tuple[int, int, int, int] | None:
+def check_tiles(name: str, tiles, variant: str = "fast backward") -> tuple[int, int, int, int] | None:
+    """Fixed tiles (block_m, block_n, num_warps, num_stages) a caller gave as ``name``, checked (None stays None)."""
     if tiles is None:
         return None
     ok = isinstance(tiles, (tuple, list)) and len(tiles) == 4 and all(
@@ -372,7 +373,7 @@ def _backward_tiles(name: str, tiles) -> tuple[int, int, int, int] | None:
         bm, bn, warps, stages = tiles
         ok = all(x >= 16 and x & (x - 1) == 0 for x in (bm, bn)) and warps in (1, 2, 4, 8, 16) and stages >= 1
     if not ok:
-        raise ValueError(f"fast backward: {name} must be None or (block_m, block_n, num_warps, num_stages) with "
+        raise ValueError(f"{variant}: {name} must be None or (block_m, block_n, num_warps, num_stages) with "
                          f"block sizes powers of two >= 16, num_warps a power of two <= 16 and num_stages >= 1; "
                          f"got {tiles!r}")
     return tuple(tiles)
@@ -405,7 +406,7 @@ def _check_backward(dtype: torch.dtype, D: int, options: dict) -> FastOptions:
                          f"got {opts['input_precision']!r}")
     if "input_precision" in options and dtype != torch.float32:
         raise ValueError(f"fast backward: input_precision applies to float32 inputs only (got {dtype})")
-    dkdv, dq = (_backward_tiles(key, opts[key]) for key in ("dkdv_tiles", "dq_tiles"))
+    dkdv, dq = (check_tiles(key, opts[key]) for key in ("dkdv_tiles", "dq_tiles"))
     if runtime.MODE != "gpu" and (opts["use_tma"] or opts["autotune"]):
         raise ValueError("fast backward: use_tma and autotune need a GPU (the interpreter has no TMA and no clock)")
     atomic = opts["dq_mode"] == "atomic"

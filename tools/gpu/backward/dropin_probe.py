@@ -37,8 +37,8 @@ import torch  # noqa: E402
 
 from flashattn import bench, runtime  # noqa: E402
 from flashattn.functional import scaled_dot_product_attention  # noqa: E402
-from flashattn.kernels.fast_backward import picked_tiles  # noqa: E402
 from flashattn.kernels.fast import tuned_config  # noqa: E402
+from flashattn.kernels.fast_backward import picked_tiles  # noqa: E402
 from flashattn.measure.measurements import host  # noqa: E402
 
 GPU = runtime.MODE == "gpu"
