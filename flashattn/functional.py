@@ -23,10 +23,10 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from flashattn import masking
+from flashattn import masking, ops
 from flashattn.kernels import VARIANTS, registry
 
-BACKWARD_OPTIONS = ("input_precision",)  # forward options the backward follows (the tiles are its own)
+BACKWARD_OPTIONS = ops.BACKWARD_OPTIONS  # forward options the backward follows (the tiles are its own)
 
 
 def with_backward() -> list[str]:
@@ -79,6 +79,8 @@ def attention(q, k, v, *, variant: str = "v2", causal: bool = False, scale=None,
     if "return_lse" in options:
         raise TypeError("attention: return_lse is not an option here (the autograd function keeps the log-sum-exp "
                         "itself); call the variant directly, e.g. flashattn.kernels.fast.attention_fast")
+    if variant == "fast":  # the registered operators (flashattn.ops): torch.compile sees one node per call
+        return ops.attention(q, k, v, causal, scale, options)
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     if not needs_grad:
         return VARIANTS[variant](q, k, v, causal=causal, scale=scale, **options)

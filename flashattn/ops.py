@@ -1,0 +1,141 @@
+"""The ``fast`` forward and backward as PyTorch operators: ``torch.ops.flashattn.fast_forward`` and
+``torch.ops.flashattn.fast_backward`` (notebook 13).
+
+A Python function that launches Triton kernels is opaque to ``torch.compile``: Dynamo tries to trace into it,
+meets the launcher's host code (a cache lookup that hashes arguments, a tuner, descriptors) and breaks the
+graph there, so the model around it is compiled in pieces and cannot be captured in one CUDA graph. A
+registered operator is one node instead: Dynamo and AOTAutograd do not look inside, they ask its *fake*
+implementation for the outputs' shapes, dtypes and strides (computed from the inputs' metadata, touching no
+data) and its autograd kernel for the backward. FlashAttention's own package made the same change for the
+same reason.
+
+The operators are defined with ``torch.library.Library`` (``define``, ``impl``, ``register_fake``), with an
+autograd kernel at the ``Autograd`` key, rather than with the ``@torch.library.custom_op`` decorator: the same
+operator to every tool (``opcheck`` passes on both), for less host time per call (the decorator's Python
+wrappers fill in defaults and flatten arguments on every call; :mod:`flashattn.measure.host_cost` measures
+both). ``torch.library.triton_op`` would let Inductor see the Triton kernels themselves, but only kernels
+launched through ``wrap_triton(kernel)[grid](...)`` in the operator's body: this launcher's cache, tuner and
+descriptors are host code it cannot trace.
+
+* ``fast_forward(q, k, v, causal, scale, options) -> (o, lse)``: :func:`flashattn.kernels.fast.attention_fast`
+  with ``return_lse=True``; o (B, Hq, L, D) contiguous in q's dtype, lse (B, Hq, L) float32.
+* ``fast_backward(q, k, v, o, lse, do, causal, scale, options) -> (dq, dk, dv)``:
+  :func:`flashattn.kernels.fast_backward.attention_backward_fast`; each gradient contiguous, shaped like its
+  input.
+
+``options`` is a string (an operator's schema takes no dict): the keyword options of ``attention(...,
+variant="fast", **options)`` as ``"block_m=64;num_warps=4"`` (:func:`encode`), empty for the defaults. The
+backward gets only the options it follows (:data:`BACKWARD_OPTIONS`).
+
+:func:`attention` is what ``flashattn.attention(..., variant="fast")`` and the drop-in call: eagerly, without
+gradients, the kernel function itself (no operator to dispatch through); otherwise the operator. While
+``torch.compile`` traces, it first runs the kernel's input checks in Python, so that a bad input raises the
+same ``ValueError`` or ``TypeError`` as in eager (Dynamo falls back to eager for the frame that raises; with
+``fullgraph=True`` Dynamo reports it as ``Unsupported`` carrying that message: it never lets an exception out
+of a graph it must keep whole). The operators check their inputs themselves as well, for callers that use them
+directly.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from flashattn.kernels import fast, fast_backward, fast_options
+from flashattn.validate import check_attention_inputs
+
+NAMESPACE = "flashattn"
+BACKWARD_OPTIONS = ("input_precision",)  # forward options the backward follows (the tiles are its own)
+
+
+def encode(options: dict) -> str:
+    """``{"block_m": 64, "num_warps": 4}`` -> ``"block_m=64;num_warps=4"`` (sorted by name; values by ``repr``)."""
+    return ";".join(f"{key}={options[key]!r}" for key in sorted(options))
+
+
+def decode(text: str) -> dict:
+    """The inverse of :func:`encode`."""
+    if not text:
+        return {}
+    pairs = (item.split("=", 1) for item in text.split(";"))
+    return {key: ast.literal_eval(value) for key, value in pairs}
+
+
+_LIBRARY = torch.library.Library(NAMESPACE, "DEF")  # kept alive: dropping it would unregister the operators
+_LIBRARY.define("fast_forward(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str options) "
+                "-> (Tensor, Tensor)")
+_LIBRARY.define("fast_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, "
+                "float? scale, str options) -> (Tensor, Tensor, Tensor)")
+
+
+def fast_forward(q, k, v, causal, scale, options):
+    """The forward operator's kernel (CPU and CUDA): ``attention_fast(..., return_lse=True)``."""
+    return fast.attention_fast(q, k, v, causal=causal, scale=scale, return_lse=True, **decode(options))
+
+
+def fast_backward_kernel(q, k, v, o, lse, do, causal, scale, options):
+    """The backward operator's kernel: ``attention_backward_fast``."""
+    return fast_backward.attention_backward_fast(q, k, v, o, lse, do, causal=causal, scale=scale, **decode(options))
+
+
+def _fast_forward_fake(q, k, v, causal, scale, options):
+    B, Hq, _, L, _, D, _ = check_attention_inputs(q, k, v, variant="fast", causal=causal, scale=scale,
+                                                  head_dims=fast.HEAD_DIMS)
+    return q.new_empty((B, Hq, L, D)), q.new_empty((B, Hq, L), dtype=torch.float32)
+
+
+def _fast_backward_fake(q, k, v, o, lse, do, causal, scale, options):
+    fast_backward.check_inputs(q, k, v, o, lse, do, causal=causal, scale=scale)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+class _FastForward(torch.autograd.Function):
+    """The forward operator's autograd kernel: below autograd the operator runs again (so that fake tensors reach
+    the fake implementation), and its backward is the backward operator."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, options):
+        with torch._C._AutoDispatchBelowAutograd():
+            o, lse = FORWARD(q, k, v, causal, scale, options)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale, ctx.options = causal, scale, _backward_options(options)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = BACKWARD(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.options)
+        return dq, dk, dv, None, None, None
+
+
+# Registered with torch.library's lower-level Library rather than @custom_op: the same operator, fake
+# implementation and autograd, for half custom_op's host time per call (notebook 13 measures both).
+_LIBRARY.impl("fast_forward", fast_forward, "CompositeExplicitAutograd")
+_LIBRARY.impl("fast_backward", fast_backward_kernel, "CompositeExplicitAutograd")
+torch.library.register_fake(f"{NAMESPACE}::fast_forward", _fast_forward_fake, lib=_LIBRARY)
+torch.library.register_fake(f"{NAMESPACE}::fast_backward", _fast_backward_fake, lib=_LIBRARY)
+_LIBRARY.impl("fast_forward", _FastForward.apply, "Autograd")
+FORWARD = torch.ops.flashattn.fast_forward.default
+BACKWARD = torch.ops.flashattn.fast_backward.default
+OPERATORS = (FORWARD, BACKWARD)
+
+
+def _backward_options(options: str) -> str:
+    return encode({key: value for key, value in decode(options).items() if key in BACKWARD_OPTIONS})
+
+
+def attention(q, k, v, causal: bool, scale, options: dict):
+    """``fast`` attention, differentiable through the operators (see the module docstring)."""
+    compiling = torch.compiler.is_compiling()
+    if not compiling and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return fast.attention_fast(q, k, v, causal=causal, scale=scale, **options)
+    if compiling:  # the checks the operator makes, traced: a bad input raises here, as in eager
+        check_attention_inputs(q, k, v, variant="fast", causal=causal, scale=scale, head_dims=fast.HEAD_DIMS)
+        if options:  # (resolve's cache hashes its key, which Dynamo does not trace; the checks themselves it does)
+            same_shapes = q.shape[-2] == k.shape[-2] and q.shape[1] == k.shape[1]
+            fast_options._check(q.dtype, q.shape[-1], causal, options, same_shapes)
+    return FORWARD(q, k, v, causal, scale, encode(options))[0]

@@ -1,0 +1,152 @@
+"""The drop-in as an operator on the GPU (issue 28): what the CPU tests cannot show.
+
+    python tools/gpu/operator/probe.py        # a few minutes on an H200; $OUT/operator_probe.json
+
+1. correctness: a 2-layer GPT (d_model 1024, 16 heads of 64, fused QKV) on the drop-in, its loss and gradients
+   compiled (``torch.compile``, default mode and ``fullgraph=True``) against eager, in float16 and bfloat16
+   autocast; the graph and break counts from ``torch._dynamo.explain``;
+2. ``mode="reduce-overhead"``: a training step (forward and backward) captured in CUDA graphs, replayed, and its
+   loss against eager (a capture that fails prints why);
+3. copies: a ``torch.profiler`` trace of one eager training step of the same model, listing every copy or
+   transpose kernel (``copy``, ``elementwise`` on the attention's inputs, ``clone``) with its count: q, k, v are
+   views of the fused projection, and the kernels behind ``descriptors.tma_ready`` and the backward's
+   ``.contiguous()`` copy them;
+4. host time per call (``flashattn.measure.measurements.host.host_us``) of the drop-in's forward and of its
+   forward + backward step against SDPA's, at N = 1024, B = 16, H = 16, causal, D = 64, fp16 and bf16, beside
+   do_bench's medians in interleaved rounds.
+
+In interpreter mode it runs parts 1 and 3 at a tiny size with backend "aot_eager", to check the script itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import traceback
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from flashattn import bench, runtime  # noqa: E402
+from flashattn.functional import scaled_dot_product_attention  # noqa: E402
+from flashattn.measure.measurements.host import host_us  # noqa: E402
+from flashattn.models.gpt import GPT, GPTConfig  # noqa: E402
+
+GPU = runtime.MODE == "gpu"
+DEVICE = runtime.DEVICE
+BACKEND = "inductor" if GPU else "aot_eager"
+CONFIG = (dict(vocab_size=256, seq_len=1024, n_layers=2, n_heads=16, d_model=1024) if GPU
+          else dict(vocab_size=32, seq_len=32, n_layers=1, n_heads=2, d_model=32))
+BATCH = 4 if GPU else 2
+
+
+def model_of(attention, seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**CONFIG), attention).to(DEVICE)
+
+
+def step(model, tokens, dtype):
+    with torch.autocast(DEVICE.type if hasattr(DEVICE, "type") else str(DEVICE), dtype=dtype, enabled=GPU):
+        logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    return loss.detach()
+
+
+def grads_of(model):
+    return {n.removeprefix("_orig_mod."): p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def compiled_against_eager(dtype, tokens, **compile_kwargs) -> dict:
+    model = model_of(scaled_dot_product_attention)
+    eager_loss = step(model, tokens, dtype)
+    eager = grads_of(model)
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=BACKEND, **compile_kwargs)
+    loss = step(compiled, tokens, dtype)
+    got = grads_of(compiled)
+    return {"loss_rel": rel(loss, eager_loss), "max_grad_rel": max(rel(got[n], g) for n, g in eager.items())}
+
+
+def copies_in_a_step(tokens, dtype) -> dict:
+    model = model_of(scaled_dot_product_attention)
+    step(model, tokens, dtype)  # tune and compile outside the trace
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if GPU else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        step(model, tokens, dtype)
+    names = {}
+    for event in prof.key_averages():
+        if any(word in event.key.lower() for word in ("copy", "clone", "contiguous", "transpose", "elementwise")):
+            names[event.key] = event.count
+    return names
+
+
+def host_row(dtype) -> dict:
+    q, k, v = (t.requires_grad_() for t in runtime.random_qkv(16, 16, 1024, 64, dtype=dtype, seed_value=1))
+    do = torch.randn_like(q)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def ours():
+        return torch.autograd.grad(scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), do)
+
+    def theirs():
+        return torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), do)
+
+    with torch.no_grad():
+        host = {"flashattn forward": host_us(lambda: scaled_dot_product_attention(q, k, v, is_causal=True)),
+                "SDPA forward": host_us(lambda: sdpa(q, k, v, is_causal=True))}
+    host |= {"flashattn step": host_us(ours), "SDPA step": host_us(theirs)}
+    ms = {name: statistics.median(t) for name, t in bench.time_rounds({"flashattn step": ours,
+                                                                        "SDPA step": theirs}, 5).items()}
+    row = {"dtype": str(dtype)[6:], "host_us": host, "ms": ms,
+           "step ratio (SDPA / flashattn)": ms["SDPA step"] / ms["flashattn step"]}
+    print(row, flush=True)
+    return row
+
+
+def main() -> None:
+    out_dir = os.environ.get("OUT", "./probe_out")
+    os.makedirs(out_dir, exist_ok=True)
+    result = {"device": runtime.describe(), "torch": torch.__version__, "config": CONFIG, "batch": BATCH}
+    tokens = torch.randint(0, CONFIG["vocab_size"], (BATCH, CONFIG["seq_len"] + 1), device=DEVICE)
+    dtypes = (torch.float16, torch.bfloat16) if GPU else (torch.float32,)
+
+    explanation = torch._dynamo.explain(model_of(scaled_dot_product_attention))(tokens[:, :-1])
+    result["explain"] = {"graphs": explanation.graph_count, "breaks": explanation.graph_break_count,
+                         "reasons": [str(r.reason) for r in explanation.break_reasons]}
+    print("explain:", result["explain"], flush=True)
+    for dtype in dtypes:
+        for label, kwargs in (("default", {}), ("fullgraph", {"fullgraph": True})):
+            key = f"compiled {label} {str(dtype)[6:]}"
+            result[key] = compiled_against_eager(dtype, tokens, **kwargs)
+            print(key, result[key], flush=True)
+
+    if GPU:
+        try:
+            result["reduce-overhead"] = {str(dtype)[6:]: compiled_against_eager(dtype, tokens, mode="reduce-overhead")
+                                         for dtype in dtypes}
+        except Exception:  # noqa: BLE001  (what failed is the finding)
+            result["reduce-overhead"] = {"error": traceback.format_exc()[-3000:]}
+        print("reduce-overhead:", result["reduce-overhead"], flush=True)
+
+    result["copies"] = {str(dtype)[6:]: copies_in_a_step(tokens, dtype) for dtype in dtypes}
+    print("copies:", json.dumps(result["copies"], indent=1), flush=True)
+
+    if GPU:
+        result["host"] = [host_row(dtype) for dtype in dtypes]
+
+    with open(os.path.join(out_dir, "operator_probe.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
