@@ -39,6 +39,7 @@ directly.
 from __future__ import annotations
 
 import ast
+import functools
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -124,6 +125,7 @@ BACKWARD = torch.ops.flashattn.fast_backward.default
 OPERATORS = (FORWARD, BACKWARD)
 
 
+@functools.lru_cache(maxsize=256)
 def _backward_options(options: str) -> str:
     return encode({key: value for key, value in decode(options).items() if key in BACKWARD_OPTIONS})
 
