@@ -1,0 +1,181 @@
+"""A whole model's training step on flashattn against torch SDPA, eager and ``torch.compile``d (notebook 13).
+
+The course's GPT (``flashattn.models.gpt.GPT``: q, k and v are views of one fused QKV projection) with
+4 layers, d_model 1024 (16 heads of 64) and 2048 (16 heads of 128), causal, N = 1024 ... 8192 with
+B·N = 16384 tokens, in bf16 and fp16 autocast. One step is the forward, the loss (cross-entropy in float32)
+and ``loss.backward()``, with the gradients set to None first; no optimizer step (it is the same code on both
+sides, and ``gpt_training`` times one with AdamW). Each cell times four steps in interleaved rounds
+(``bench.time_rounds``): the flashattn model and the torch model (the same weights), each eager and through
+``torch.compile(model, fullgraph=True, dynamic=False)`` (default mode: Inductor on the GPU; ``fullgraph``
+makes a graph break an error rather than a silent split, ``dynamic=False`` compiles each cell at its own
+shapes instead of switching to dynamic shapes at the second N; ``torch._dynamo.reset()`` before every cell
+keeps Dynamo's recompile limit out of the way). Beside each time, its peak memory above the weights
+(``bench.peak_memory``, gradients included), and per cell SDPA_ms / flashattn_ms, eager and compiled (> 1:
+flashattn's step is faster). For the flashattn model each cell also records how far the compiled step's loss
+and gradients are from the eager step's (relative error; gradients: the worst parameter). The two models of
+a width are built once, with position embeddings for the largest N, and serve every N (the same weights in
+every row; the embeddings' gradient, 8192 × d_model float32, is in every peak, on both sides).
+
+Runtime: the 16 cells' compiles (two models each, forward and backward, Inductor) dominate; the timing itself
+is 16 cells × 4 steps × ``ROUNDS = 3`` calls of ``do_bench``, under two minutes. Estimated 5 to 8 minutes in
+all on an H200 (an estimate: not yet run there; the result records its ``seconds``, and each row its first
+calls' seconds, ``first_call_s``, compiles and autotuning included).
+
+:func:`run_cells` is the loop with the sizes as arguments, so that a CPU test runs it at a toy size
+(``backend="aot_eager"``, float32).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from flashattn import bench, runtime
+from flashattn.models.gpt import GPTConfig
+from flashattn.record import measurement
+from flashattn.reference import rel_error
+
+from .training import ATTENTIONS, _autocast, make_model
+
+CONFIGS = ((1024, 16), (2048, 16))  # (d_model, n_heads): heads of 64 and of 128
+SEQ_LENS = (1024, 2048, 4096, 8192)
+TOKENS = 16384  # B·N held fixed
+N_LAYERS = 4
+VOCAB_SIZE = 256
+DTYPES = ("bfloat16", "float16")
+ROUNDS = 3
+
+
+def make_step(model, tokens, dtype, device):
+    """One training step of ``model`` on ``tokens`` (B, N + 1) as a function of no arguments: gradients set to
+    None, forward under ``dtype`` autocast, float32 cross-entropy, ``loss.backward()``. Returns the loss."""
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with _autocast(device, dtype):
+            logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        return loss
+
+    return step
+
+
+def loss_and_grads(step, model) -> tuple[torch.Tensor, dict]:
+    """Run ``step`` once: its loss and a copy of every parameter's gradient, by name."""
+    loss = step().detach()
+    return loss, {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
+def compiled_vs_eager(eager_step, compiled_step, model) -> dict:
+    """Relative error of the compiled step's loss and gradients against the eager step's (the same weights)."""
+    loss_e, grads_e = loss_and_grads(eager_step, model)
+    loss_c, grads_c = loss_and_grads(compiled_step, model)
+    errors = {name: rel_error(grads_c[name], grads_e[name]) for name in grads_e}
+    worst = max(errors, key=errors.get)
+    return {"loss": rel_error(loss_c, loss_e), "grads": errors[worst], "worst_grad": worst}
+
+
+def run_cells(configs=CONFIGS, seq_lens=SEQ_LENS, *, tokens: int = TOKENS, n_layers: int = N_LAYERS,
+              vocab_size: int = VOCAB_SIZE, dtypes=DTYPES, rounds: int = ROUNDS, device=None, backend="inductor",
+              seed: int = 0, progress=None) -> list[dict]:
+    """One row per (d_model and heads, N, dtype): see the module docstring. ``configs`` holds (d_model, n_heads);
+    ``dtypes`` are names ("bfloat16", "float16"; "float32" runs without autocast); B = tokens // N."""
+    device = runtime.DEVICE if device is None else torch.device(device)
+    bad = [N for N in seq_lens if tokens % N]
+    if bad:
+        raise ValueError(f"tokens={tokens} (B·N, held fixed) must be a multiple of every N; {bad} are not")
+    rows = []
+    for d_model, n_heads in configs:
+        # one pair of models per width, their position embeddings long enough for every N: the same weights in
+        # every row of a width
+        config = GPTConfig(vocab_size, max(seq_lens), n_layers=n_layers, n_heads=n_heads, d_model=d_model)
+        models = {name: make_model(config, fn, seed, device) for name, fn in ATTENTIONS.items()}
+        for N in seq_lens:
+            B = tokens // N
+            data = torch.randint(0, vocab_size, (B, N + 1), generator=torch.Generator().manual_seed(seed + N))
+            data = data.to(device)
+            for dtype_name in dtypes:
+                rows.append(_cell(models, data, getattr(torch, dtype_name), device, backend, rounds,
+                                  dict(d_model=d_model, n_heads=n_heads, head_dim=d_model // n_heads, N=N, B=B,
+                                       n_layers=n_layers, dtype=dtype_name)))
+                if progress:
+                    progress(format_row(rows[-1]))
+        del models
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _cell(models, data, dtype, device, backend, rounds, row) -> dict:
+    torch._dynamo.reset()  # each cell compiles afresh, far from the recompile limit
+    compiled = {name: torch.compile(m, backend=backend, fullgraph=True, dynamic=False) for name, m in models.items()}
+    steps, owner = {}, {}
+    for name in models:
+        steps[f"{name} eager"] = make_step(models[name], data, dtype, device)
+        steps[f"{name} compiled"] = make_step(compiled[name], data, dtype, device)
+        owner[f"{name} eager"] = owner[f"{name} compiled"] = models[name]
+    first = {}
+    for key, step in steps.items():  # compile, autotune, warm the caches outside the timing
+        t0 = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        first[key] = time.perf_counter() - t0
+    check = compiled_vs_eager(steps["flashattn eager"], steps["flashattn compiled"], models["flashattn"])
+    times = bench.time_rounds(steps, rounds)
+    peaks = {}
+    for key, step in steps.items():
+        owner[key].zero_grad(set_to_none=True)  # the peak counts this step's gradients
+        peaks[key] = bench.peak_memory(step)
+    ms = {key: statistics.median(t) for key, t in times.items()}
+    for model in models.values():
+        model.zero_grad(set_to_none=True)
+    return {**row, "ms": ms, "ms_rounds": times, "peak_bytes": peaks, "first_call_s": first,
+            "vs_sdpa": {mode: ms[f"torch {mode}"] / ms[f"flashattn {mode}"] for mode in ("eager", "compiled")},
+            "compiled_vs_eager": check}
+
+
+def format_row(row: dict) -> str:
+    """One line per cell, for the measurement's progress."""
+    peak = row["peak_bytes"]
+    return (f"d_model={row['d_model']} {row['n_heads']}x{row['head_dim']} N={row['N']} B={row['B']} {row['dtype']}: "
+            f"SDPA/flashattn eager {row['vs_sdpa']['eager']:.2f}, compiled {row['vs_sdpa']['compiled']:.2f}; "
+            f"flashattn ms eager {row['ms']['flashattn eager']:.2f}, compiled {row['ms']['flashattn compiled']:.2f}; "
+            f"peak GiB flashattn {peak['flashattn eager'] / 2**30:.2f}/{peak['flashattn compiled'] / 2**30:.2f}, "
+            f"torch {peak['torch eager'] / 2**30:.2f}/{peak['torch compiled'] / 2**30:.2f}; "
+            f"compiled vs eager: loss {row['compiled_vs_eager']['loss']:.1e}, "
+            f"grads {row['compiled_vs_eager']['grads']:.1e}")
+
+
+def summary(rows) -> dict:
+    """Per dtype, the largest compiled-vs-eager errors over the cells: ``{dtype: {"loss", "grads"}}``."""
+    out = {}
+    for r in rows:
+        entry = out.setdefault(r["dtype"], {"loss": 0.0, "grads": 0.0})
+        entry["loss"] = max(entry["loss"], r["compiled_vs_eager"]["loss"])
+        entry["grads"] = max(entry["grads"], r["compiled_vs_eager"]["grads"])
+    return out
+
+
+@measurement("model_step_vs_sdpa", description="the GPT's forward+backward on flashattn vs torch SDPA, eager and "
+                                               "torch.compile'd: d_model 1024/2048, N 1k..8k, bf16/fp16")
+def model_step_vs_sdpa() -> dict:
+    if runtime.MODE != "gpu":
+        raise RuntimeError("model_step_vs_sdpa measures a GPU; notebook 13 shows the recorded result instead")
+    t0 = time.perf_counter()
+    rows = run_cells(device="cuda", progress=lambda line: print("  " + line, flush=True))
+    return {"configs": [list(c) for c in CONFIGS], "seq_lens": list(SEQ_LENS), "tokens": TOKENS,
+            "n_layers": N_LAYERS, "vocab_size": VOCAB_SIZE, "dtypes": list(DTYPES), "causal": True,
+            "rounds": ROUNDS, "compile": {"backend": "inductor", "mode": "default", "fullgraph": True,
+                                          "dynamic": False},
+            "optimizer_step": False, "rows": rows, "compiled_vs_eager": summary(rows),
+            "seconds": time.perf_counter() - t0,
+            "notes": "one step: gradients set to None, forward in autocast, float32 cross-entropy, loss.backward() "
+                     "(no optimizer step); the flashattn and torch models share their weights; ms: do_bench's "
+                     "median, median over interleaved rounds; peak_bytes: above the weights, gradients included; "
+                     "vs_sdpa: torch's ms / flashattn's (> 1: flashattn faster); compiled_vs_eager: the flashattn "
+                     "model's compiled step against its eager step, relative error of the loss and of the worst "
+                     "parameter's gradient"}
