@@ -10,8 +10,8 @@ arguments, timed back to back in interleaved rounds (median microseconds per cal
   the dispatcher and the autograd kernel that saves what the backward needs;
 * ``custom_op``: the same operator made with the ``@torch.library.custom_op`` decorator (a twin registered
   here, under the namespace ``flashattn_host_cost``, only to compare the two ways of registering);
-* ``autograd.Function``: the same forward through a plain ``torch.autograd.Function`` (what the drop-in used
-  before it was an operator: invisible to ``torch.compile``);
+* ``autograd.Function``: the same forward through ``functional._Attention``, a plain ``torch.autograd.Function``
+  (what the drop-in used before it was an operator, and what ``v2`` still uses: invisible to ``torch.compile``);
 * ``forward + backward (operator)``: a training step's attention through the operator and ``backward``.
 
 On the GPU the launch adds Triton's launcher (``launch_cache`` keeps it to the compiled kernel's own call);
@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from flashattn import ops
-from flashattn.kernels import fast, fast_backward, launch_cache
+from flashattn import functional, ops
+from flashattn.kernels import fast, launch_cache
 
 _TWIN = None
 
@@ -66,20 +66,6 @@ def _custom_op_twin():
     return _TWIN
 
 
-class _PlainFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal):
-        o, lse = fast.attention_fast(q, k, v, causal=causal, return_lse=True)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal = causal
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        return (*fast_backward.attention_backward_fast(q, k, v, o, lse, do, causal=ctx.causal), None)
-
-
 def layers(q, k, v, causal: bool = True) -> dict:
     """The functions :func:`host_us` times, by name (see the module docstring); q, k, v require gradients."""
     twin = _custom_op_twin()
@@ -87,7 +73,7 @@ def layers(q, k, v, causal: bool = True) -> dict:
         "kernel function": lambda: fast.attention_fast(q, k, v, causal=causal, return_lse=True),
         "operator": lambda: ops.FORWARD(q, k, v, causal, None, ""),
         "custom_op": lambda: twin(q, k, v, causal, None, ""),
-        "autograd.Function": lambda: _PlainFunction.apply(q, k, v, causal),
+        "autograd.Function": lambda: functional._Attention.apply(q, k, v, "fast", causal, None, {}),
         "forward + backward (operator)": lambda: ops.FORWARD(q, k, v, causal, None, "")[0].backward(q),
     }
 

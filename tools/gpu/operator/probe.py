@@ -34,7 +34,9 @@ import torch  # noqa: E402
 from flashattn import bench, runtime  # noqa: E402
 from flashattn.functional import scaled_dot_product_attention  # noqa: E402
 from flashattn.measure.measurements.host import host_us  # noqa: E402
-from flashattn.models.gpt import GPT, GPTConfig  # noqa: E402
+from flashattn.measure.measurements.model_step import compiled_vs_eager, make_step  # noqa: E402
+from flashattn.measure.measurements.training import make_model  # noqa: E402
+from flashattn.models.gpt import GPTConfig  # noqa: E402
 
 GPU = runtime.MODE == "gpu"
 DEVICE = runtime.DEVICE
@@ -45,44 +47,24 @@ BATCH = 4 if GPU else 2
 
 
 def model_of(attention, seed=0):
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(**CONFIG), attention).to(DEVICE)
-
-
-def step(model, tokens, dtype):
-    with torch.autocast(DEVICE.type if hasattr(DEVICE, "type") else str(DEVICE), dtype=dtype, enabled=GPU):
-        logits = model(tokens[:, :-1])
-    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
-    loss.backward()
-    return loss.detach()
-
-
-def grads_of(model):
-    return {n.removeprefix("_orig_mod."): p.grad.detach().clone() for n, p in model.named_parameters()}
-
-
-def rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+    return make_model(GPTConfig(**CONFIG), attention, seed, DEVICE)
 
 
 def compiled_against_eager(dtype, tokens, **compile_kwargs) -> dict:
+    """model_step's comparison: the compiled step's loss and worst gradient against the eager step's."""
     model = model_of(scaled_dot_product_attention)
-    eager_loss = step(model, tokens, dtype)
-    eager = grads_of(model)
-    model.zero_grad(set_to_none=True)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=BACKEND, **compile_kwargs)
-    loss = step(compiled, tokens, dtype)
-    got = grads_of(compiled)
-    return {"loss_rel": rel(loss, eager_loss), "max_grad_rel": max(rel(got[n], g) for n, g in eager.items())}
+    return compiled_vs_eager(make_step(model, tokens, dtype, DEVICE), make_step(compiled, tokens, dtype, DEVICE), model)
 
 
 def copies_in_a_step(tokens, dtype) -> dict:
     model = model_of(scaled_dot_product_attention)
-    step(model, tokens, dtype)  # tune and compile outside the trace
+    step = make_step(model, tokens, dtype, DEVICE)
+    step()  # tune and compile outside the trace
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if GPU else [])
     with torch.profiler.profile(activities=activities) as prof:
-        step(model, tokens, dtype)
+        step()
     names = {}
     for event in prof.key_averages():
         if any(word in event.key.lower() for word in ("copy", "clone", "contiguous", "transpose", "elementwise")):
