@@ -133,11 +133,12 @@ def _backward_options(options: str) -> str:
 def attention(q, k, v, causal: bool, scale, options: dict):
     """``fast`` attention, differentiable through the operators (see the module docstring)."""
     compiling = torch.compiler.is_compiling()
-    if not compiling and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return fast.attention_fast(q, k, v, causal=causal, scale=scale, **options)
-    if compiling:  # the checks the operator makes, traced: a bad input raises here, as in eager
+    tensors = all(isinstance(t, torch.Tensor) for t in (q, k, v))
+    if compiling or not tensors:  # the operator's checks first: a bad input raises here, as in eager
         check_attention_inputs(q, k, v, variant="fast", causal=causal, scale=scale, head_dims=fast.HEAD_DIMS)
         if options:  # (resolve's cache hashes its key, which Dynamo does not trace; the checks themselves it does)
             same_shapes = q.shape[-2] == k.shape[-2] and q.shape[1] == k.shape[1]
             fast_options._check(q.dtype, q.shape[-1], causal, options, same_shapes)
+    if not compiling and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return fast.attention_fast(q, k, v, causal=causal, scale=scale, **options)
     return FORWARD(q, k, v, causal, scale, encode(options))[0]

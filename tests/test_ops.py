@@ -185,6 +185,12 @@ def test_a_bad_option_is_refused_under_compile_too():
     assert str(compiled.value) == str(eager.value)
 
 
+def test_a_call_with_something_else_than_tensors_gets_the_kernels_type_error():
+    q, k, v = (leaf(t) for t in qkv(1, 2, 8, 16, torch.float32, 8))
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got list"):
+        flashattn.attention([[1.0]], k, v, variant="fast")
+
+
 def test_the_operators_check_inputs_themselves():
     q, k, v = qkv(1, 2, 8, 16, torch.float32, 7)
     with pytest.raises(ValueError, match="k and v must have the same shape"):
