@@ -4,7 +4,7 @@ compile error, shared memory past the target's limit, a register file that does 
 
 import torch
 
-from flashattn import masking
+from flashattn import masking, runtime
 from flashattn.kernels import aot, launch_cache, mask_blocks, masked, masked_backward
 
 
@@ -19,11 +19,12 @@ def launches(D: int, dtype=torch.float16) -> dict:
     """Every masked kernel once, as the forward and backward launch it for a GPU (its default tiles there)."""
     fwd = masked.tiles_for(dtype, D, mode="gpu")[0]
     dkdv, dq = (masked_backward.tiles_for(k, dtype, D, mode="gpu")[0] for k in ("dkdv", "dq"))
-    q, k, v, do = (torch.randn(1, 2, 256, D, dtype=dtype) for _ in range(4))
-    o, lse = torch.empty_like(q), torch.zeros(1, 2, 256)
-    cu = mask_blocks.cu_seqlens([100, 156])
+    dev = runtime.DEVICE  # the launches are captured, not run, but the checks before them want this mode's tensors
+    q, k, v, do = (torch.randn(1, 2, 256, D, dtype=dtype, device=dev) for _ in range(4))
+    o, lse = torch.empty_like(q), torch.zeros(1, 2, 256, device=dev)
+    cu = mask_blocks.cu_seqlens([100, 156], device=dev)
     packed = [t[0].transpose(0, 1) for t in (q, k, v, do, o)]
-    mask = torch.rand(256, 256) < 0.5
+    mask = torch.rand(256, 256, device=dev) < 0.5
     cases = {
         "window": dict(causal=True, window=(63, 0)),
         "documents": dict(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=156, max_seqlen_k=156),
