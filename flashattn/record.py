@@ -33,10 +33,7 @@ REGISTRY: dict[str, dict] = {}
 # one print that it is not recorded yet. tests/test_record.py checks that each is still missing from figures/data/
 # (so that this list only shrinks) and that every other registered measurement is there.
 PENDING = {
-    "decode_vs_sdpa": "issue 31 (decoding): tools/gpu/decode/probe.py first, to set the split rule",
-    "decode_generation": "issue 31 (decoding)",
     "masks_vs_flex": "issue 30 (masks): tools/gpu/masks/probe.py first, to order the tiles",
-    "ring_steps": "issue 32 (ring attention)",
     "model_step_vs_sdpa": "issue 28 (operator): not yet run on the GPU",
 }
 MEASUREMENT_MODULES = [f"flashattn.measure.measurements.{name}" for name in _MEASUREMENT_NAMES]

@@ -134,9 +134,12 @@ def test_public_function_and_partials_merge_by_lse():
 
 
 def test_choose_num_splits():
-    # few programs: split until every SM has PROGRAMS_PER_SM of them, keeping MIN_BLOCKS_PER_SPLIT blocks in each
+    # few programs: split as far as one wave holds (PROGRAMS_PER_SM on every SM), keeping MIN_BLOCKS_PER_SPLIT
+    # blocks in each
     want = 132 * decode.PROGRAMS_PER_SM
-    assert decode.choose_num_splits(8, 10_000, 132) == -(-want // 8)
+    assert decode.choose_num_splits(8, 10_000, 132) == want // 8
+    assert decode.choose_num_splits(32, 10_000, 132) * 32 <= want  # never a program past the wave (32·9 > 264)
+    assert decode.choose_num_splits(want - 1, 10_000, 132) == 1  # one short of a wave: no split
     assert decode.choose_num_splits(8, 2 * decode.MIN_BLOCKS_PER_SPLIT, 132) == 2  # a short cache
     assert decode.choose_num_splits(want, 10_000, 132) == 1  # enough programs already
     assert decode.choose_num_splits(1, 10**6, 132) == decode.MAX_SPLITS

@@ -53,8 +53,9 @@ FLOAT32_TILES = [(32, 4, 2), (64, 4, 2), (16, 4, 2)]  # float32: CUDA-core dots 
 INTERPRETER_TILES = (32, 4, 1)  # the CPU interpreter: few, wide steps run faster
 MAX_BLOCK_M = 64  # rows (query heads × queries) per program; more rows: more programs
 
-# The number of splits when num_splits=0 (:func:`choose_num_splits`): enough programs for PROGRAMS_PER_SM on every
-# SM, each with at least MIN_BLOCKS_PER_SPLIT key blocks. To be set from the probe's curve on the H200.
+# The number of splits when num_splits=0 (:func:`choose_num_splits`): as many programs as fit PROGRAMS_PER_SM on
+# every SM at once (one wave), each with at least MIN_BLOCKS_PER_SPLIT key blocks. From the recorded curve on the
+# H200 (decode_vs_sdpa's split_curve): one program more than a wave holds costs up to a tenth of the bandwidth.
 PROGRAMS_PER_SM = 2
 MIN_BLOCKS_PER_SPLIT = 4
 INTERPRETER_SM_COUNT = 4  # no GPU: a nominal SM count, so that the rule still splits small problems
@@ -261,10 +262,11 @@ def _device_facts(device: torch.device) -> tuple[int, int | None]:
 
 
 def choose_num_splits(programs: int, key_blocks: int, sm_count: int) -> int:
-    """num_splits=0: without splits the grid has ``programs`` programs (B·Hkv·row blocks); split the keys until
-    there are PROGRAMS_PER_SM programs per SM, but keep at least MIN_BLOCKS_PER_SPLIT of the cache's ``key_blocks``
-    (its capacity: the lengths are on the GPU) in each split, and at most MAX_SPLITS splits."""
-    wanted = -(-sm_count * PROGRAMS_PER_SM // programs)
+    """num_splits=0: without splits the grid has ``programs`` programs (B·Hkv·row blocks); split the keys into as
+    many slices as fit one wave, PROGRAMS_PER_SM programs on every SM (rounded down: a few programs past a wave wait
+    for a whole second one), but keep at least MIN_BLOCKS_PER_SPLIT of the cache's ``key_blocks`` (its capacity: the
+    lengths are on the GPU) in each split, and at most MAX_SPLITS splits."""
+    wanted = sm_count * PROGRAMS_PER_SM // programs
     return max(1, min(wanted, key_blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS))
 
 

@@ -13,7 +13,13 @@
    ``.contiguous()`` copy them;
 4. host time per call (``flashattn.measure.measurements.host.host_us``) of the drop-in's forward and of its
    forward + backward step against SDPA's, at N = 1024, B = 16, H = 16, causal, D = 64, fp16 and bf16, beside
-   do_bench's medians in interleaved rounds.
+   do_bench's medians in interleaved rounds;
+5. where the host time goes (issues 28 and 31: both lose to SDPA where the GPU's work is short): for the drop-in's
+   forward, its training step, and ``attention_with_kvcache`` with 1 and 4 splits on a short cache, the host time
+   per call, the GPU's own time (the call captured in a CUDA graph and replayed) and do_bench's, and the 25
+   functions of most own time under cProfile.
+
+Part 1 compiles the same model on SDPA too: its compiled-against-eager gap is the yardstick for ours.
 
 In interpreter mode it runs parts 1 and 3 at a tiny size with backend "aot_eager", to check the script itself.
 """
@@ -50,9 +56,9 @@ def model_of(attention, seed=0):
     return make_model(GPTConfig(**CONFIG), attention, seed, DEVICE)
 
 
-def compiled_against_eager(dtype, tokens, **compile_kwargs) -> dict:
+def compiled_against_eager(dtype, tokens, attention=scaled_dot_product_attention, **compile_kwargs) -> dict:
     """model_step's comparison: the compiled step's loss and worst gradient against the eager step's."""
-    model = model_of(scaled_dot_product_attention)
+    model = model_of(attention)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=BACKEND, **compile_kwargs)
     return compiled_vs_eager(make_step(model, tokens, dtype, DEVICE), make_step(compiled, tokens, dtype, DEVICE), model)
@@ -95,6 +101,73 @@ def host_row(dtype) -> dict:
     return row
 
 
+def graph_us(fn) -> float:
+    """The GPU's own time per call of ``fn`` in microseconds: the call captured in a CUDA graph, replays timed."""
+    from triton.testing import do_bench
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=5, rep=40, return_mode="median") * 1e3
+
+
+def host_breakdown() -> list[dict]:
+    """Part 5: host time, GPU time (graph replay) and do_bench per call, and cProfile's top functions."""
+    import cProfile
+    import io
+    import pstats
+
+    from triton.testing import do_bench
+
+    from flashattn import attention_with_kvcache
+
+    q, k, v = (t.requires_grad_() for t in runtime.random_qkv(16, 16, 1024, 64, dtype=torch.bfloat16, seed_value=2))
+    do = torch.randn_like(q)
+    dq = torch.randn(1, 1, 32, 128, dtype=torch.float16, device=DEVICE)
+    cache = [torch.randn(1, 4096, 32, 128, dtype=torch.float16, device=DEVICE) for _ in range(2)]
+    seqlens = torch.full((1,), 4096, dtype=torch.int32, device=DEVICE)
+
+    def forward():
+        with torch.no_grad():
+            return scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def step():
+        return torch.autograd.grad(scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), do)
+
+    cases = {"drop-in forward (B16 H16 N1024 D64 bf16 causal)": (forward, True),
+             "drop-in forward + backward": (step, False)}
+    for splits in (1, 4):
+        cases[f"attention_with_kvcache, {splits} split(s) (B1 32/32 heads S4096 D128 fp16)"] = (
+            lambda splits=splits: attention_with_kvcache(dq, *cache, seqlens, num_splits=splits), True)
+    rows = []
+    for name, (fn, capturable) in cases.items():
+        row = {"call": name, "host_us": host_us(fn),
+               "do_bench_us": do_bench(fn, warmup=5, rep=40, return_mode="median") * 1e3}
+        try:
+            row["graph_us"] = graph_us(fn) if capturable else None
+        except Exception as err:  # noqa: BLE001  (a capture that fails is a finding)
+            row["graph_us"] = f"capture failed: {type(err).__name__}: {str(err)[:200]}"
+        profile = cProfile.Profile()
+        torch.cuda.synchronize()
+        profile.enable()
+        for _ in range(200):
+            fn()
+        profile.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+        row["cprofile_top25_tottime_200_calls"] = text.getvalue()[-6000:]
+        print({key: value for key, value in row.items() if not key.startswith("cprofile")}, flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     out_dir = os.environ.get("OUT", "./probe_out")
     os.makedirs(out_dir, exist_ok=True)
@@ -111,6 +184,9 @@ def main() -> None:
             key = f"compiled {label} {str(dtype)[6:]}"
             result[key] = compiled_against_eager(dtype, tokens, **kwargs)
             print(key, result[key], flush=True)
+        key = f"SDPA compiled default {str(dtype)[6:]}"
+        result[key] = compiled_against_eager(dtype, tokens, torch.nn.functional.scaled_dot_product_attention)
+        print(key, result[key], flush=True)
 
     if GPU:
         try:
@@ -125,6 +201,7 @@ def main() -> None:
 
     if GPU:
         result["host"] = [host_row(dtype) for dtype in dtypes]
+        result["host_breakdown"] = host_breakdown()
 
     with open(os.path.join(out_dir, "operator_probe.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
