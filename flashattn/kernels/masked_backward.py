@@ -42,16 +42,18 @@ from .masked import (
 
 # Tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per padded head dimension, 16-bit inputs; the first is the
 # default, the rest what tools/gpu/masks/probe.py sweeps. Taken from fast_backward's spaces (dK/dV: two float32
-# accumulators of BLOCK_N × D per program; dQ: one of BLOCK_M × D), not yet measured with masks.
+# accumulators of BLOCK_N × D per program; dQ: one of BLOCK_M × D). Ordered at D = 64 and 128 by the probe's
+# sweep on the H200 (2026-12-02; each kernel's tiles varied with the other's default): dK/dV (32, 64, 4, 3) and,
+# at D = 64, dQ (64, 64, 4, 3) first; the other head dimensions are not measured.
 DKDV_TILES = {
     16: [(64, 64, 4, 3)], 32: [(64, 64, 4, 3)],
-    64: [(64, 64, 4, 3), (64, 128, 8, 3), (32, 64, 4, 3)],
-    128: [(64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3)],
+    64: [(32, 64, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3)],
+    128: [(32, 64, 4, 3), (64, 128, 8, 2), (64, 64, 4, 3)],
     256: [(32, 32, 8, 2), (16, 16, 4, 1)],
 }
 DQ_TILES = {
     16: [(64, 64, 4, 3)], 32: [(64, 64, 4, 3)],
-    64: [(128, 64, 8, 3), (64, 64, 4, 3)],
+    64: [(64, 64, 4, 3), (128, 64, 8, 3)],
     128: [(64, 64, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2)],
     256: [(64, 32, 8, 2), (16, 32, 4, 1)],
 }
