@@ -33,7 +33,7 @@ REGISTRY: dict[str, dict] = {}
 # one print that it is not recorded yet. tests/test_record.py checks that each is still missing from figures/data/
 # (so that this list only shrinks) and that every other registered measurement is there.
 PENDING = {
-    "masks_vs_flex": "issue 30 (masks): the tiles are ordered by tools/gpu/masks/probe.py (H200, 2026-12-02); to record",
+    "masks_vs_flex": "issue 30 (masks): tiles ordered by tools/gpu/masks/probe.py (H200, 2026-12-02); to record",
     "model_step_vs_sdpa": "issue 28 (operator): not yet run on the GPU",
 }
 MEASUREMENT_MODULES = [f"flashattn.measure.measurements.{name}" for name in _MEASUREMENT_NAMES]
