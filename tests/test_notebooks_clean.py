@@ -8,6 +8,7 @@ on a GPU the notebooks take their live paths, which once saved measurements over
 """
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -44,7 +45,7 @@ KERNEL_NOT_STARTED = ("Kernel died before replying to kernel_info", "Address alr
 
 def _nbmake(notebooks, workers: int, report: Path, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", "--nbmake", "--nbmake-timeout=900", "-q",
-                           "-p", "no:cacheprovider", f"--junitxml={report}",
+                           "-p", "no:cacheprovider", f"--junitxml={report}", "-o", "junit_logging=all",
                            *(["-n", str(workers)] if workers > 1 else []), *notebooks],
                           cwd=cwd, env=env, capture_output=True, text=True)
 
@@ -58,7 +59,8 @@ def _failures(report: Path) -> tuple[list[str], list[str]]:
         problems = [*case.iter("failure"), *case.iter("error")]
         if not problems:
             continue
-        text = " ".join((p.get("message") or "") + (p.text or "") for p in problems)
+        # the kernel's own stderr (the port it could not bind) is in the case's system-err: junit_logging=all
+        text = " ".join([*(p.get("message") or "" for p in problems), *case.itertext()])
         name = case.get("name", "")  # nbmake's item: classname "notebooks.01_x.ipynb", name "01_x.ipynb"
         folder = case.get("classname", "")[: -len(name)].rstrip(".").replace(".", "/")
         notebook = f"{folder}/{name}" if folder else name
@@ -114,3 +116,25 @@ def test_failures_tells_a_kernel_that_never_started_from_a_failing_notebook(tmp_
         '<testcase classname="notebooks.03_d.ipynb" name="03_d.ipynb"/>'
         "</testsuite></testsuites>")
     assert _failures(report) == (["notebooks/00_a.ipynb"], ["notebooks/01_b.ipynb", "notebooks/02_c.ipynb"])
+
+
+def test_a_kernel_that_dies_at_start_is_told_from_a_notebook_that_fails(tmp_path):
+    """The same through nbmake: a kernel that exits at once with the port error, and a notebook that raises."""
+    import nbformat
+
+    kernel = tmp_path / "jupyter" / "kernels" / "dies"
+    kernel.mkdir(parents=True)
+    stderr = "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:1')"
+    (kernel / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-c", f"import sys; sys.stderr.write({stderr!r}); sys.exit(1)", "{connection_file}"],
+        "display_name": "dies", "language": "python"}))
+    (tmp_path / "notebooks").mkdir()
+    for name, code, spec in (("00_dies", "1 + 1", "dies"), ("01_raises", "raise ValueError('boom')", "python3")):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+        nb.metadata["kernelspec"] = {"name": spec, "display_name": spec, "language": "python"}
+        nbformat.write(nb, tmp_path / "notebooks" / f"{name}.ipynb")
+    env = dict(os.environ, JUPYTER_PATH=str(tmp_path / "jupyter"))
+    report = tmp_path / "r.xml"
+    run = _nbmake(["notebooks/00_dies.ipynb", "notebooks/01_raises.ipynb"], 0, report, tmp_path, env)
+    assert run.returncode != 0
+    assert _failures(report) == (["notebooks/00_dies.ipynb"], ["notebooks/01_raises.ipynb"])
