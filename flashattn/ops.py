@@ -113,8 +113,6 @@ class _FastForward(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-# Registered with torch.library's lower-level Library rather than @custom_op: the same operator, fake
-# implementation and autograd, for half custom_op's host time per call (notebook 13 measures both).
 _LIBRARY.impl("fast_forward", fast_forward, "CompositeExplicitAutograd")
 _LIBRARY.impl("fast_backward", fast_backward_kernel, "CompositeExplicitAutograd")
 torch.library.register_fake(f"{NAMESPACE}::fast_forward", _fast_forward_fake, lib=_LIBRARY)

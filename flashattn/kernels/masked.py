@@ -36,8 +36,8 @@ REACH = 1 << 30  # an unbounded window side (-1) as a distance no key is farther
 
 # Tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per padded head dimension, 16-bit inputs; the first is the
 # default. Ordered at D = 64 and 128 by tools/gpu/masks/probe.py's sweep on the H200 against FlexAttention
-# (2026-12-02: (64, 64, 4, 3) the fastest on the window and document problems, the padding one within a few
-# percent of its best); the other head dimensions are not measured. Narrow key blocks waste less at a window's
+# (2026-12-02: (64, 64, 4, 3) the fastest on the window and document problems, not on the padding one, where
+# (128, 64, 4, 2) was); the other head dimensions are not measured. Narrow key blocks waste less at a window's
 # edges; whole warpgroups (4 or 8 warps) as in fast's space.
 FORWARD_TILES = {
     16: [(128, 64, 4, 3), (64, 64, 4, 3)],

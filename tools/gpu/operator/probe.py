@@ -101,29 +101,13 @@ def host_row(dtype) -> dict:
     return row
 
 
-def graph_us(fn) -> float:
-    """The GPU's own time per call of ``fn`` in microseconds: the call captured in a CUDA graph, replays timed."""
-    from triton.testing import do_bench
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return do_bench(graph.replay, warmup=5, rep=40, return_mode="median") * 1e3
-
-
 def host_breakdown() -> list[dict]:
     """Part 5: host time, GPU time (graph replay) and do_bench per call, and cProfile's top functions."""
     import cProfile
     import io
     import pstats
 
-    from triton.testing import do_bench
+    from triton.testing import do_bench, do_bench_cudagraph
 
     from flashattn import attention_with_kvcache
 
@@ -150,7 +134,8 @@ def host_breakdown() -> list[dict]:
         row = {"call": name, "host_us": host_us(fn),
                "do_bench_us": do_bench(fn, warmup=5, rep=40, return_mode="median") * 1e3}
         try:
-            row["graph_us"] = graph_us(fn) if capturable else None
+            # the GPU's own time: the call captured in a CUDA graph, its replays timed
+            row["graph_us"] = do_bench_cudagraph(fn, rep=40, return_mode="median") * 1e3 if capturable else None
         except Exception as err:  # noqa: BLE001  (a capture that fails is a finding)
             row["graph_us"] = f"capture failed: {type(err).__name__}: {str(err)[:200]}"
         profile = cProfile.Profile()
