@@ -2,6 +2,8 @@
 size on the course device: the GPU timings replaced by fixed numbers, ``torch.compile`` on aot_eager in
 interpreter mode (Inductor on a GPU)."""
 
+import time
+
 import pytest
 import torch
 
@@ -63,3 +65,35 @@ def test_step_sets_the_gradients_afresh():
     first = model_step.loss_and_grads(step, model)[1]
     second = model_step.loss_and_grads(step, model)[1]  # not accumulated into the first
     assert all(torch.equal(first[name], second[name]) for name in first)
+
+
+def test_budget_and_skip_leave_cells_for_a_later_run(monkeypatch):
+    monkeypatch.setattr(model_step, "make_model", lambda *a: None)
+    ran = []
+
+    def cell(models, data, dtype, device, backend, rounds, row):
+        ran.append(model_step.cell_key(row))
+        time.sleep(0.05)  # past the budget below once one cell has run
+        return {**row, "vs_sdpa": {"eager": 1.0, "compiled": 1.0}}
+
+    monkeypatch.setattr(model_step, "_cell", cell)
+    skipped = []
+    rows = model_step.run_cells([(64, 2)], [16, 32], tokens=64, dtypes=["float32", "bfloat16"], budget_s=0.01,
+                                skip={(64, 2, 16, "float32")}, skipped=skipped, device="cpu")
+    assert ran == [(64, 2, 16, "bfloat16")] and [model_step.cell_key(r) for r in rows] == ran
+    assert skipped == [[64, 2, 32, "float32"], [64, 2, 32, "bfloat16"]]
+
+
+def test_rows_of_the_previous_recording_are_kept_and_marked():
+    def row(N, dtype, ratio):
+        return {"d_model": 1024, "n_heads": 16, "N": N, "dtype": dtype, "vs_sdpa": {"eager": ratio}}
+
+    previous = {"recorded_at": "2026-12-01T10:00:00", "rows": [row(4096, "float16", 0.9), row(1024, "bfloat16", 0.8)]}
+    new = [row(1024, "bfloat16", 1.1)]
+    rows, skipped = model_step.merge_with_previous(new, [[1024, 16, 4096, "float16"], [1024, 16, 8192, "float16"]],
+                                                   previous)
+    assert [(r["N"], r["dtype"], r["vs_sdpa"]["eager"]) for r in rows] == [(1024, "bfloat16", 1.1),
+                                                                           (4096, "float16", 0.9)]
+    assert "measured_at" not in rows[0] and rows[1]["measured_at"] == "2026-12-01T10:00:00"
+    assert skipped == [[1024, 16, 8192, "float16"]]  # measured by neither run
+    assert model_step.merge_with_previous(new, [], None) == (new, [])

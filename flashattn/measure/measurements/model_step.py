@@ -17,9 +17,11 @@ a width are built once, with position embeddings for the largest N, and serve ev
 every row; the embeddings' gradient, 8192 × d_model float32, is in every peak, on both sides).
 
 Runtime: the 16 cells' compiles (two models each, forward and backward, Inductor) dominate; the timing itself
-is 16 cells × 4 steps × ``ROUNDS = 3`` calls of ``do_bench``, under two minutes. Estimated 5 to 8 minutes in
-all on an H200 (an estimate: not yet run there; the result records its ``seconds``, and each row its first
-calls' seconds, ``first_call_s``, compiles and autotuning included).
+is 16 cells × 4 steps × ``ROUNDS = 3`` calls of ``do_bench``. Each row records its first calls' seconds
+(``first_call_s``, compiles and autotuning included) and the result its ``seconds``. The cut: a cell that would
+start past :data:`BUDGET_S` is not measured and is listed in ``skipped``; with ``FLASHATTN_MODEL_STEP_CELLS=missing``
+a run measures only the cells the previous recording lacks, and every run keeps the previous recording's rows of
+the cells it does not measure (marked ``measured_at``), so that runs of a few minutes each fill the table.
 
 :func:`run_cells` is the loop with the sizes as arguments, so that a CPU test runs it at a toy size
 (``backend="aot_eager"``, float32).
@@ -27,12 +29,14 @@ calls' seconds, ``first_call_s``, compiles and autotuning included).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
 import torch
 
 from flashattn import bench, runtime
+from flashattn.measure import recorded
 from flashattn.models.gpt import GPTConfig
 from flashattn.record import measurement
 from flashattn.reference import rel_error
@@ -46,6 +50,12 @@ N_LAYERS = 4
 VOCAB_SIZE = 256
 DTYPES = ("bfloat16", "float16")
 ROUNDS = 3
+BUDGET_S = 300.0  # no cell starts after this many seconds
+
+
+def cell_key(row: dict) -> tuple:
+    """What tells two cells apart: (d_model, n_heads, N, dtype)."""
+    return (row["d_model"], row["n_heads"], row["N"], row["dtype"])
 
 
 def make_step(model, tokens, dtype, device):
@@ -80,29 +90,38 @@ def compiled_vs_eager(eager_step, compiled_step, model) -> dict:
 
 def run_cells(configs=CONFIGS, seq_lens=SEQ_LENS, *, tokens: int = TOKENS, n_layers: int = N_LAYERS,
               vocab_size: int = VOCAB_SIZE, dtypes=DTYPES, rounds: int = ROUNDS, device=None, backend="inductor",
-              seed: int = 0, progress=None) -> list[dict]:
+              seed: int = 0, progress=None, budget_s: float | None = None, skip=(),
+              skipped: list | None = None) -> list[dict]:
     """One row per (d_model and heads, N, dtype): see the module docstring. ``configs`` holds (d_model, n_heads);
-    ``dtypes`` are names ("bfloat16", "float16"; "float32" runs without autocast); B = tokens // N."""
+    ``dtypes`` are names ("bfloat16", "float16"; "float32" runs without autocast); B = tokens // N. Cells whose
+    :func:`cell_key` is in ``skip`` are not run; with ``budget_s``, nor is a cell that would start past it (its
+    key appended to ``skipped``)."""
     device = runtime.DEVICE if device is None else torch.device(device)
     bad = [N for N in seq_lens if tokens % N]
     if bad:
         raise ValueError(f"tokens={tokens} (B·N, held fixed) must be a multiple of every N; {bad} are not")
-    rows = []
+    rows, t0 = [], time.perf_counter()
     for d_model, n_heads in configs:
+        todo = [(N, d) for N in seq_lens for d in dtypes if (d_model, n_heads, N, d) not in skip]
+        if not todo:
+            continue
         # one pair of models per width, their position embeddings long enough for every N: the same weights in
         # every row of a width
         config = GPTConfig(vocab_size, max(seq_lens), n_layers=n_layers, n_heads=n_heads, d_model=d_model)
         models = {name: make_model(config, fn, seed, device) for name, fn in ATTENTIONS.items()}
-        for N in seq_lens:
+        for N, dtype_name in todo:
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                if skipped is not None:
+                    skipped.append([d_model, n_heads, N, dtype_name])
+                continue
             B = tokens // N
             data = torch.randint(0, vocab_size, (B, N + 1), generator=torch.Generator().manual_seed(seed + N))
             data = data.to(device)
-            for dtype_name in dtypes:
-                rows.append(_cell(models, data, getattr(torch, dtype_name), device, backend, rounds,
-                                  dict(d_model=d_model, n_heads=n_heads, head_dim=d_model // n_heads, N=N, B=B,
-                                       n_layers=n_layers, dtype=dtype_name)))
-                if progress:
-                    progress(format_row(rows[-1]))
+            rows.append(_cell(models, data, getattr(torch, dtype_name), device, backend, rounds,
+                              dict(d_model=d_model, n_heads=n_heads, head_dim=d_model // n_heads, N=N, B=B,
+                                   n_layers=n_layers, dtype=dtype_name)))
+            if progress:
+                progress(format_row(rows[-1]))
         del models
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -138,6 +157,20 @@ def _cell(models, data, dtype, device, backend, rounds, row) -> dict:
             "compiled_vs_eager": check}
 
 
+def merge_with_previous(rows: list, skipped: list, previous: dict | None) -> tuple[list, list]:
+    """This run's rows, with the previous recording's rows of the cells this run did not measure (each marked
+    ``measured_at``, when it was), in the table's order; and the skipped cells that neither run measured."""
+    measured = {cell_key(r) for r in rows}
+    if previous is not None:
+        rows = rows + [{**r, "measured_at": r.get("measured_at", previous["recorded_at"])} for r in previous["rows"]
+                       if cell_key(r) not in measured]
+    have = {cell_key(r) for r in rows}
+    order = {(d_model, heads, N, d): i for i, (d_model, heads, N, d) in
+             enumerate((c[0], c[1], N, d) for c in CONFIGS for N in SEQ_LENS for d in DTYPES)}
+    rows = sorted(rows, key=lambda r: order.get(cell_key(r), len(order)))
+    return rows, [list(k) for k in skipped if tuple(k) not in have]
+
+
 def format_row(row: dict) -> str:
     """One line per cell, for the measurement's progress."""
     peak = row["peak_bytes"]
@@ -166,12 +199,22 @@ def model_step_vs_sdpa() -> dict:
     if runtime.MODE != "gpu":
         raise RuntimeError("model_step_vs_sdpa measures a GPU; notebook 13 shows the recorded result instead")
     t0 = time.perf_counter()
-    rows = run_cells(device="cuda", progress=lambda line: print("  " + line, flush=True))
+    previous = recorded.find("model_step_vs_sdpa", gpu=runtime.gpu_name())
+    wanted = os.environ.get("FLASHATTN_MODEL_STEP_CELLS", "all").strip()
+    if wanted not in ("all", "missing"):
+        raise ValueError(f"FLASHATTN_MODEL_STEP_CELLS={wanted!r}: 'all' or 'missing'")
+    skip = {cell_key(r) for r in previous["rows"]} if previous and wanted == "missing" else set()
+    skipped = []
+    rows = run_cells(device="cuda", progress=lambda line: print("  " + line, flush=True), budget_s=BUDGET_S,
+                     skip=skip, skipped=skipped)
+    rows, skipped = merge_with_previous(rows, skipped, previous)
     return {"configs": [list(c) for c in CONFIGS], "seq_lens": list(SEQ_LENS), "tokens": TOKENS,
             "n_layers": N_LAYERS, "vocab_size": VOCAB_SIZE, "dtypes": list(DTYPES), "causal": True,
             "rounds": ROUNDS, "compile": {"backend": "inductor", "mode": "default", "fullgraph": True,
                                           "dynamic": False},
             "optimizer_step": False, "rows": rows, "compiled_vs_eager": summary(rows),
+            "skipped": [dict(zip(("d_model", "n_heads", "N", "dtype"), k, strict=True)) for k in skipped],
+            "budget_s": BUDGET_S,
             "seconds": time.perf_counter() - t0,
             "notes": "one step: gradients set to None, forward in autocast, float32 cross-entropy, loss.backward() "
                      "(no optimizer step); the flashattn and torch models share their weights; ms: do_bench's "
