@@ -32,10 +32,7 @@ REGISTRY: dict[str, dict] = {}
 # Measurements registered but not yet recorded on a GPU, with the issue that records them: the notebooks that read
 # one print that it is not recorded yet. tests/test_record.py checks that each is still missing from figures/data/
 # (so that this list only shrinks) and that every other registered measurement is there.
-PENDING = {
-    "masks_vs_flex": "issue 30 (masks): tiles ordered by tools/gpu/masks/probe.py (H200, 2026-12-02); to record",
-    "model_step_vs_sdpa": "issue 28 (operator): not yet run on the GPU",
-}
+PENDING: dict[str, str] = {}
 MEASUREMENT_MODULES = [f"flashattn.measure.measurements.{name}" for name in _MEASUREMENT_NAMES]
 
 

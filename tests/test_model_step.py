@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flashattn import bench, record, runtime
+from flashattn.measure import recorded
 from flashattn.measure.measurements import model_step
 
 
@@ -48,9 +49,10 @@ def test_tokens_must_divide_by_every_n():
         model_step.run_cells([(64, 2)], [24], tokens=64)
 
 
-def test_registered_pending_and_refused_without_a_gpu():
+def test_registered_recorded_and_refused_without_a_gpu():
     registry = record.load_measurements()
-    assert "model_step_vs_sdpa" in registry and "model_step_vs_sdpa" in record.PENDING
+    assert "model_step_vs_sdpa" in registry and "model_step_vs_sdpa" not in record.PENDING
+    assert recorded.find("model_step_vs_sdpa", gpu="NVIDIA H200") is not None
     if runtime.MODE == "gpu":
         pytest.skip("a GPU is present")
     with pytest.raises(RuntimeError, match="measures a GPU"):

@@ -42,7 +42,8 @@ WARMUP_MS, REP_MS = 5, 40  # per do_bench call: short, because the grid has ~80 
 FAST_OPTIONS = dict(gluon=False, use_tma=False, block_m=16, block_n=64, num_warps=4, num_stages=3)
 FLEX_CELLS = dict(batches=(1, 16), contexts=(4096, 32768, 131072), dtypes=("float16",))  # it compiles per shape
 FLEX_BUDGET_S = 60  # no FlexAttention on new cells after this many seconds spent on it (it compiles per shape)
-SPLIT_CURVE = dict(shapes=((1, 8, 32768), (1, 8, 131072), (4, 8, 32768), (1, 32, 32768)), dtype="float16",
+SPLIT_CURVE = dict(shapes=((1, 8, 4096), (1, 8, 16384), (1, 8, 32768), (1, 8, 131072), (4, 8, 32768), (1, 32, 32768)),
+                   dtype="float16",
                    splits=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128))
 
 
