@@ -15,7 +15,8 @@
    forward + backward step against SDPA's, at N = 1024, B = 16, H = 16, causal, D = 64, fp16 and bf16, beside
    do_bench's medians in interleaved rounds;
 5. where the host time goes (issues 28 and 31: both lose to SDPA where the GPU's work is short): for the drop-in's
-   forward, its training step, and ``attention_with_kvcache`` with 1 and 4 splits on a short cache, the host time
+   forward, its training step, and ``attention_with_kvcache`` on a short cache (32/32 heads with 1 and 4 splits,
+   32/8 with 4, 16 and 33), the host time
    per call, the GPU's own time (the call captured in a CUDA graph and replayed) and do_bench's, and the 25
    functions of most own time under cProfile.
 
@@ -114,7 +115,8 @@ def host_breakdown() -> list[dict]:
     q, k, v = (t.requires_grad_() for t in runtime.random_qkv(16, 16, 1024, 64, dtype=torch.bfloat16, seed_value=2))
     do = torch.randn_like(q)
     dq = torch.randn(1, 1, 32, 128, dtype=torch.float16, device=DEVICE)
-    cache = [torch.randn(1, 4096, 32, 128, dtype=torch.float16, device=DEVICE) for _ in range(2)]
+    caches = {hkv: [torch.randn(1, 4096, hkv, 128, dtype=torch.float16, device=DEVICE) for _ in range(2)]
+              for hkv in (32, 8)}
     seqlens = torch.full((1,), 4096, dtype=torch.int32, device=DEVICE)
 
     def forward():
@@ -126,9 +128,11 @@ def host_breakdown() -> list[dict]:
 
     cases = {"drop-in forward (B16 H16 N1024 D64 bf16 causal)": (forward, True),
              "drop-in forward + backward": (step, False)}
-    for splits in (1, 4):
-        cases[f"attention_with_kvcache, {splits} split(s) (B1 32/32 heads S4096 D128 fp16)"] = (
-            lambda splits=splits: attention_with_kvcache(dq, *cache, seqlens, num_splits=splits), True)
+    # decode_vs_sdpa (2026-12-02): at B = 1 with 32/8 heads a call took about as long at S = 4k with 16 splits as at
+    # 32k with 33, and far longer than at 1k with 4: the graph replay tells the GPU's part from the host's
+    for hkv, splits in ((32, 1), (32, 4), (8, 4), (8, 16), (8, 33)):
+        cases[f"attention_with_kvcache, {splits} split(s) (B1 32/{hkv} heads S4096 D128 fp16)"] = (
+            lambda splits=splits, hkv=hkv: attention_with_kvcache(dq, *caches[hkv], seqlens, num_splits=splits), True)
     rows = []
     for name, (fn, capturable) in cases.items():
         row = {"call": name, "host_us": host_us(fn),
