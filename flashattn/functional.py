@@ -112,32 +112,35 @@ def _check_sdpa_arguments(query, key, value, attn_mask, dropout_p, is_causal, en
         if t.dim() < 2:
             raise ValueError(f"scaled_dot_product_attention: {name} must have shape (..., length, head dim), got "
                              f"{tuple(t.shape)}")
-    shapes = f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+    def shapes():  # for the messages only: formatting it on every call costs the host more than the checks
+        return f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+
     if not query.dim() == key.dim() == value.dim():
         raise ValueError(f"scaled_dot_product_attention: query, key and value must have the same number of "
-                         f"dimensions; got {shapes}")
+                         f"dimensions; got {shapes()}")
     E, S, Ev = query.shape[-1], key.shape[-2], value.shape[-1]
     if key.shape[-1] != E:
-        raise ValueError(f"scaled_dot_product_attention: key's last dimension must equal query's (E={E}); got {shapes}")
+        raise ValueError(f"scaled_dot_product_attention: key's last dimension must equal query's (E={E}); "
+                         f"got {shapes()}")
     if value.shape[-2] != S:
-        raise ValueError(f"scaled_dot_product_attention: key and value must have the same length S; got {shapes}")
+        raise ValueError(f"scaled_dot_product_attention: key and value must have the same length S; got {shapes()}")
     if Ev != E:
         raise ValueError(f"scaled_dot_product_attention: a value head dimension Ev={Ev} other than E={E} is not "
-                         f"supported here; got {shapes}")
+                         f"supported here; got {shapes()}")
     if not query.shape[:-3] == key.shape[:-3] == value.shape[:-3]:
         raise ValueError(f"scaled_dot_product_attention: query, key and value must have the same batch dimensions "
-                         f"(no broadcasting here); got {shapes}")
+                         f"(no broadcasting here); got {shapes()}")
     if query.dim() >= 3:
         Hq, Hk, Hv = query.shape[-3], key.shape[-3], value.shape[-3]
         if Hk != Hv:
             raise ValueError(f"scaled_dot_product_attention: key and value must have the same number of heads; "
-                             f"got {shapes}")
+                             f"got {shapes()}")
         if Hq != Hk and not enable_gqa:
             raise ValueError(f"scaled_dot_product_attention: query has {Hq} heads and key/value {Hk}: pass "
                              "enable_gqa=True for grouped-query attention")
         if Hq % Hk:
             raise ValueError(f"scaled_dot_product_attention: with enable_gqa, query heads ({Hq}) must be a multiple "
-                             f"of key/value heads ({Hk}); got {shapes}")
+                             f"of key/value heads ({Hk}); got {shapes()}")
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
