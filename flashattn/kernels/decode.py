@@ -54,9 +54,9 @@ INTERPRETER_TILES = (32, 4, 1)  # the CPU interpreter: few, wide steps run faste
 MAX_BLOCK_M = 64  # rows (query heads × queries) per program; more rows: more programs
 
 # The number of splits when num_splits=0 (:func:`choose_num_splits`): as many programs as fit PROGRAMS_PER_SM on
-# every SM at once (one wave), each with at least MIN_BLOCKS_PER_SPLIT key blocks. From the recorded curve on the
-# H200 (decode_vs_sdpa's split_curve): a grid a little past one wave reads the cache more slowly (9 splits against 8
-# at 32 programs per split; notebook 15 prints it).
+# every SM at once (one wave), each with at least MIN_BLOCKS_PER_SPLIT key blocks. Rounded down from the curve of
+# decode_vs_sdpa's recording of 2026-12-02T03:29 on the H200 (split_curve), where a grid a little past one wave read
+# the cache more slowly (9 splits against 8 at 32 programs per split); SPLIT_CURVE times 9 again in every recording.
 PROGRAMS_PER_SM = 2
 MIN_BLOCKS_PER_SPLIT = 4
 INTERPRETER_SM_COUNT = 4  # no GPU: a nominal SM count, so that the rule still splits small problems
