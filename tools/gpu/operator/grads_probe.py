@@ -18,7 +18,7 @@ import os
 import torch
 import torch._dynamo
 
-from flashattn.measure.measurements.model_step import make_step
+from flashattn.measure.measurements.model_step import loss_and_grads, make_step
 from flashattn.measure.measurements.training import ATTENTIONS, make_model
 from flashattn.models.gpt import GPTConfig
 from flashattn.reference import rel_error
@@ -28,19 +28,16 @@ data = torch.randint(0, 256, (16, 1025), generator=torch.Generator().manual_seed
 out = {}
 for name, fn in ATTENTIONS.items():
     model = make_model(config, fn, 0, "cuda")
-    ref_step = make_step(model, data, torch.float32, "cuda")
-    ref_step()
-    ref = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    ref = loss_and_grads(make_step(model, data, torch.float32, "cuda"), model)[1]
     for dtype in (torch.float16, torch.bfloat16):
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True, dynamic=False)
         for mode, m in (("eager", model), ("compiled", compiled)):
-            step = make_step(m, data, dtype, "cuda")
-            step()
-            errs = {n: rel_error(p.grad, ref[n]) for n, p in model.named_parameters()}
+            grads = loss_and_grads(make_step(m, data, dtype, "cuda"), model)[1]
+            errs = {n: rel_error(g, ref[n]) for n, g in grads.items()}
             worst = sorted(errs, key=errs.get)[-3:]
-            nonfinite = [n for n, p in model.named_parameters() if not torch.isfinite(p.grad).all()]
-            zero = [n for n, p in model.named_parameters() if p.grad.abs().max() == 0]
+            nonfinite = [n for n, g in grads.items() if not torch.isfinite(g).all()]
+            zero = [n for n, g in grads.items() if g.abs().max() == 0]
             key = f"{name} {mode} {str(dtype)[6:]}"
             out[key] = {"worst": {n: errs[n] for n in worst}, "median": sorted(errs.values())[len(errs) // 2],
                         "nonfinite": nonfinite, "zero": zero,
