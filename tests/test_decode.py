@@ -221,6 +221,7 @@ def test_bfloat16_is_refused_in_the_interpreter():
      r"cache_seqlens\[1\] = 33: .* from 1 to 32"),
 ])
 def test_bad_input_is_named(change, error, message):
+    flashattn.attention_with_kvcache(*_problem(), 4)  # a prepared problem of these shapes must not skip the checks
     q, k, v, seqlens, kwargs = change(*_problem())
     with pytest.raises(error, match=message):
         flashattn.attention_with_kvcache(q, k, v, seqlens, **kwargs)
@@ -236,3 +237,23 @@ def test_unused_table_entries_are_not_checked_and_changed_values_are():
     seqlens += 1  # in place: the lengths are checked again (sequence 0 now needs its second page)
     with pytest.raises(ValueError, match=r"block_table\[0, 1\] = -1"):
         flashattn.attention_with_kvcache(q, kp, vp, seqlens, block_table=table)
+
+
+def test_a_prepared_problem_is_reused_only_for_the_same_metadata():
+    # the second call of a problem skips the checks of its shapes and its plan (decode._PREPARED): new data, other
+    # strides and another alignment must still give the right output
+    decode._PREPARED.clear()
+    k, v = contiguous_cache(2, 64, 2, 16, torch.float16, seed=21)
+    gen = torch.Generator().manual_seed(21)
+    q = randn(gen, 2, 1, 4, 16, dtype=torch.float16)
+    check(q, k, v, lens(5, 64), num_splits=3)
+    assert len(decode._PREPARED) == 1
+    k2, v2 = contiguous_cache(2, 64, 2, 16, torch.float16, seed=22)
+    check(randn(gen, 2, 1, 4, 16, dtype=torch.float16), k2, v2, lens(64, 7), num_splits=3)  # new data: reused
+    assert len(decode._PREPARED) == 1
+    check(randn(gen, 2, 4, 1, 16, dtype=torch.float16).transpose(1, 2), k, v, lens(5, 64), num_splits=3)  # strides
+    flat = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEV)
+    unaligned = flat[1:].view(q.shape)  # the same strides, 2-byte aligned
+    unaligned.copy_(q)
+    check(unaligned, k, v, lens(5, 64), num_splits=3)
+    assert len(decode._PREPARED) == 3

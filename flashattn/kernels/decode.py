@@ -302,46 +302,111 @@ def _seqlens_tensor(cache_seqlens, B: int, device) -> torch.Tensor:
     return torch.full((B,), cache_seqlens, dtype=torch.int32, device=device)  # a fill on the GPU: no host read
 
 
+class Prepared(NamedTuple):
+    """One problem's checks and launches, done once (:func:`_prepare`) and reused by every call with the same
+    :func:`problem_key`: the checked sizes, the plan, the output's and the partials' shapes, the launches bound to
+    their compiled kernels, and the integer arguments (strides and sizes) the split kernel takes after its tensors."""
+
+    p: dict
+    plan: Plan
+    out_shape: tuple
+    part_shapes: tuple | None  # (o_part, lse_part) with splits
+    split: object
+    merge: object | None
+    split_ints: tuple
+
+
+_PREPARED: dict = {}
+_MAX_PREPARED = 256
+
+
+def problem_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles):
+    """Everything of a call that its checks and its launches depend on, but not the data: each tensor's type,
+    shape, strides, dtype, device and 16-byte alignment, cache_seqlens' int value, and the options with their
+    types. None when an argument is not a plain tensor (the full checks then say what is wrong)."""
+    tensors = (q, k_cache, v_cache, block_table, cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None)
+    meta = []
+    for t in tensors:
+        if t is None:
+            meta.append(None)
+        elif type(t) is not torch.Tensor:
+            return None
+        else:
+            meta.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
+    seqlen = None if isinstance(cache_seqlens, torch.Tensor) else (type(cache_seqlens), cache_seqlens)
+    return (*meta, seqlen, (type(causal), causal), (type(softmax_scale), softmax_scale),
+            (type(num_splits), num_splits), tiles)
+
+
+def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles) -> Prepared:
+    """The checks of the arguments' shapes, dtypes and devices (:func:`check_kvcache_inputs`), the plan and the
+    bound launches of one problem."""
+    p = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits,
+                             MAX_SPLITS)
+    B, Lq, Hq, Hkv, D = p["B"], p["Lq"], p["Hq"], p["Hkv"], p["D"]
+    plan = make_plan(B, Lq, Hq, Hkv, D, p["capacity"], q.dtype, p["num_splits"], q.device, tiles,
+                     block_table is not None)
+    out_shape = (B, Lq, Hq, D)
+    split = plan.num_splits > 1
+    if split:
+        part_shapes = ((B, Lq, Hq, plan.num_splits, D), (B, Lq, Hq, plan.num_splits))
+        S, P = plan.num_splits, plan.num_splits * D
+        o_strides = (Lq * Hq * P, Hq * P, P, D, 1)  # o_part, contiguous
+    else:
+        part_shapes = None
+        o_strides = (Lq * Hq * D, Hq * D, D, 0, 1)  # the output itself, contiguous; no split stride
+    bt_strides = block_table.stride() if block_table is not None else (0, 0)
+    split_ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *bt_strides, Hkv, Hq // Hkv, Lq,
+                  p["capacity"], max(p["num_pages"], 1), p["scale"] * LOG2_E.value)
+    split_launch = launch_cache.bind(
+        decode_split_kernel, (B * Hkv, plan.row_blocks, plan.num_splits),
+        dict(D=D, D_PAD=padded_head_dim(D), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PAGE_SIZE=p["page_size"],
+             CAUSAL=p["causal"], SPLIT=split, PRECISION="ieee" if q.dtype == torch.float32 else "tf32"),
+        num_warps=plan.num_warps, num_stages=plan.num_stages)
+    merge_launch = None
+    if split:
+        merge_launch = launch_cache.bind(
+            decode_merge_kernel, (B * Lq * Hq,),
+            dict(D=D, D_PAD=padded_head_dim(D), BLOCK_S=triton.next_power_of_2(S)), num_warps=plan.merge_warps)
+    return Prepared(p, plan, out_shape, part_shapes, split_launch, merge_launch, split_ints)
+
+
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
                      num_splits=0, tiles: tuple | None = None, return_partials: bool = False):
     """:func:`attention_with_kvcache` with the tiles given (``tiles`` = (BLOCK_N, num_warps, num_stages), one of
     :func:`tile_configs`' or None for the default) and, with ``return_partials=True``, also the split kernel's
     float32 partial outputs (B, Lq, Hq, splits, D) and log-sum-exps (B, Lq, Hq, splits), for notebook 15 (only
-    with more than one split)."""
-    p = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits,
-                             MAX_SPLITS)
+    with more than one split).
+
+    The host's work per call is kept short, as a decoding step on a short cache takes the GPU only microseconds:
+    the checks of shapes, dtypes and devices, the plan and the bound launches are done once per
+    :func:`problem_key` and kept (:class:`Prepared`); every call checks the values of cache_seqlens and of the
+    block table (once per version of those tensors), allocates the outputs and launches."""
+    key = problem_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles)
+    prepared = _PREPARED.get(key) if key is not None else None
+    if prepared is None:
+        prepared = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles)
+        if key is not None:
+            if len(_PREPARED) >= _MAX_PREPARED:
+                _PREPARED.clear()
+            _PREPARED[key] = prepared
+    p, plan = prepared.p, prepared.plan
     check_kvcache_values(cache_seqlens, block_table, Lq=p["Lq"], capacity=p["capacity"], page_size=p["page_size"],
                          num_pages=p["num_pages"])
-    B, Lq, Hq, Hkv, D = p["B"], p["Lq"], p["Hq"], p["Hkv"], p["D"]
-    plan = make_plan(B, Lq, Hq, Hkv, D, p["capacity"], q.dtype, p["num_splits"], q.device, tiles,
-                     block_table is not None)
     if return_partials and plan.num_splits == 1:
         raise ValueError("decode_attention: return_partials needs more than one split (num_splits > 1)")
-    seqlens = _seqlens_tensor(cache_seqlens, B, q.device)
-    out = torch.empty((B, Lq, Hq, D), dtype=q.dtype, device=q.device)
-    split = plan.num_splits > 1
-    if split:
-        o_part = torch.empty((B, Lq, Hq, plan.num_splits, D), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((B, Lq, Hq, plan.num_splits), dtype=torch.float32, device=q.device)
-        o_strides = o_part.stride()
+    seqlens = _seqlens_tensor(cache_seqlens, p["B"], q.device)
+    out = torch.empty(prepared.out_shape, dtype=q.dtype, device=q.device)
+    if prepared.part_shapes is None:
+        o_part = lse_part = out  # lse_part: unused without splits
     else:
-        o_part, lse_part = out, out  # lse_part: unused without splits
-        o_strides = (*out.stride()[:3], 0, out.stride()[3])
+        o_part = torch.empty(prepared.part_shapes[0], dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(prepared.part_shapes[1], dtype=torch.float32, device=q.device)
     table = block_table if block_table is not None else seqlens  # unused without pages
-    bt_strides = block_table.stride() if block_table is not None else (0, 0)
-    launch_cache.launch(
-        decode_split_kernel, (B * Hkv, plan.row_blocks, plan.num_splits),
-        (q, k_cache, v_cache, o_part, lse_part, seqlens, table, *q.stride(), *k_cache.stride(), *v_cache.stride(),
-         *o_strides, *bt_strides, Hkv, Hq // Hkv, Lq, p["capacity"], max(p["num_pages"], 1), p["scale"] * LOG2_E.value),
-        dict(D=D, D_PAD=padded_head_dim(D), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PAGE_SIZE=p["page_size"],
-             CAUSAL=p["causal"], SPLIT=split, PRECISION="ieee" if q.dtype == torch.float32 else "tf32"),
-        num_warps=plan.num_warps, num_stages=plan.num_stages)
-    if split:
-        rows = B * Lq * Hq
-        launch_cache.launch(
-            decode_merge_kernel, (rows,), (o_part, lse_part, out, plan.num_splits, plan.num_splits * D, D, D),
-            dict(D=D, D_PAD=padded_head_dim(D), BLOCK_S=triton.next_power_of_2(plan.num_splits)),
-            num_warps=plan.merge_warps)
+    prepared.split(q, k_cache, v_cache, o_part, lse_part, seqlens, table, *prepared.split_ints)
+    if prepared.merge is not None:
+        D = p["D"]
+        prepared.merge(o_part, lse_part, out, plan.num_splits, plan.num_splits * D, D, D)
     return (out, o_part, lse_part) if return_partials else out
 
 

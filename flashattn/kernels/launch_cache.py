@@ -50,6 +50,24 @@ def _key(arg):
     return arg  # integers, booleans, None: exactly
 
 
+def _compiled(kernel, grid: tuple, args: tuple, constexprs: dict, options: dict) -> tuple:
+    """(runner, the constexprs' names in the kernel's order, whether this call already launched the kernel): the
+    compiled kernel for this call, compiled (and launched) by ``kernel[grid](...)`` on the first call of its key."""
+    key = (kernel, grid, tuple(map(_key, args)), tuple(constexprs.items()), tuple(options.items()))
+    entry = _runners.get(key)
+    if entry is not None:
+        return (*entry, False)
+    order = tuple(kernel.arg_names[len(args):])
+    if sorted(order) != sorted(constexprs):
+        raise TypeError(f"launch_cache.launch({kernel.__name__}): after {len(args)} positional arguments the kernel "
+                        f"takes {', '.join(order)}; got {', '.join(constexprs)}")
+    compiled = kernel[grid](*args, **constexprs, **options)
+    if len(_runners) >= _MAX_ENTRIES:
+        _runners.clear()
+    _runners[key] = (compiled[tuple(grid) + (1,) * (3 - len(grid))], order)
+    return (*_runners[key], True)
+
+
 def launch(kernel, grid: tuple, args: tuple, constexprs: dict, **options) -> None:
     """``kernel[grid](*args, **constexprs, **options)``: ``args`` the kernel's first parameters in order,
     ``constexprs`` its remaining ones by name, ``options`` the launch options (num_warps, num_stages, ...)."""
@@ -59,17 +77,30 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, **options) -> Non
     if runtime.MODE != "gpu":
         kernel[grid](*args, **constexprs, **options)
         return
-    key = (kernel, grid, tuple(map(_key, args)), tuple(constexprs.items()), tuple(options.items()))
-    entry = _runners.get(key)
-    if entry is not None:
-        runner, order = entry
+    runner, order, launched = _compiled(kernel, grid, args, constexprs, options)
+    if not launched:
         runner(*args, *map(constexprs.__getitem__, order))
-        return
-    order = tuple(kernel.arg_names[len(args):])
-    if sorted(order) != sorted(constexprs):
-        raise TypeError(f"launch_cache.launch({kernel.__name__}): after {len(args)} positional arguments the kernel "
-                        f"takes {', '.join(order)}; got {', '.join(constexprs)}")
-    compiled = kernel[grid](*args, **constexprs, **options)
-    if len(_runners) >= _MAX_ENTRIES:
-        _runners.clear()
-    _runners[key] = (compiled[tuple(grid) + (1,) * (3 - len(grid))], order)
+
+
+def bind(kernel, grid: tuple, constexprs: dict, **options):
+    """A function ``run(*args)`` that does ``launch(kernel, grid, args, constexprs, **options)``, for a caller that
+    keys it by everything :func:`_key` reads of the arguments (shapes, strides, dtypes, devices, 16-byte alignment,
+    integers; decode.py keys a prepared problem so): after its first GPU launch it calls the compiled kernel
+    without computing the key again (a key of 30-odd arguments takes microseconds a short decoding step lacks)."""
+    bound = None
+
+    def run(*args):
+        nonlocal bound
+        if bound is not None:
+            bound(*args)
+            return
+        if _captured is not None or runtime.MODE != "gpu":
+            launch(kernel, grid, args, constexprs, **options)
+            return
+        runner, order, launched = _compiled(kernel, grid, args, constexprs, options)
+        tail = tuple(constexprs[name] for name in order)
+        bound = lambda *args: runner(*args, *tail)  # noqa: E731
+        if not launched:
+            bound(*args)
+
+    return run

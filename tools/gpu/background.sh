@@ -4,6 +4,9 @@
 #
 #   tools/gpu/background.sh start 540 suite masks-record    # install .whl, start the steps in order, wait 540 s
 #   tools/gpu/background.sh wait 560                         # the next call, at once: wait for the job again
+#   tools/gpu/background.sh part .tri39/part_aa              # another Triton's wheel, one part per call (carry it),
+#   tools/gpu/background.sh join triton-3.9.0-....whl         # then joined and installed into /tmp/tri39; a step
+#                                                            # named tri39:STEP runs STEP under it (it waits for it)
 #
 # Each call ends by packing the job's folder (logs, each step's rc and seconds, the recorded JSON, probe output)
 # into $OUT/res.tgz and printing the steps and the end of each log. The steps (names below) run one after the other:
@@ -14,20 +17,32 @@ R=/tmp/gpurun
 cd "$(dirname "$0")/../.."
 
 job() {
-    export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 FLASHATTN_NOTEBOOK_WORKERS=8
+    export PYTHONPATH=/tmp/site:$PWD TRI PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 FLASHATTN_NOTEBOOK_WORKERS=8
     python3 -m ipykernel install --user --name python3 >/dev/null 2>&1
     { nvidia-smi; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
       nproc; git rev-parse HEAD 2>/dev/null; } > $R/versions.txt 2>&1
     for name in "$@"; do
         echo "$(date +%T) start $name" >> $R/steps.txt
         t0=$(date +%s)
-        case $name in
-            suite) python3 -m pytest tests -q -p no:cacheprovider --durations=40 -n 12 -rfE --timeout 1500 \
-                       --record-durations $R/gpu_durations.json --junitxml=$R/suite.xml ;;
-            *-record) python3 -m flashattn.record --only "${name%-record}" ;;
-            *-probe) OUT=$R python3 "tools/gpu/${name%-probe}/probe.py" ;;
-            *) echo "unknown step $name (suite, NAME-record, DIR-probe)"; false ;;
-        esac > $R/$name.log 2>&1
+        (
+            step=$name
+            if [[ $step == tri39:* ]]; then  # under the Triton joined by `join` (waits for it)
+                step=${step#tri39:}
+                for _ in $(seq 120); do [ -e $TRI/triton/__init__.py ] && break; sleep 5; done
+                export PYTHONPATH=$TRI:$PYTHONPATH
+                python3 -c "import triton; print('triton', triton.__version__, triton.__file__)"
+            fi
+            case $step in
+                suite) python3 -m pytest tests -q -p no:cacheprovider --durations=40 -n 12 -rfE --timeout 1500 \
+                           --record-durations $R/gpu_durations.json --junitxml=$R/suite.xml ;;
+                tests/*) python3 -m pytest "$step" -q -p no:cacheprovider -rfE ;;
+                *-record) python3 -m flashattn.record --only "${step%-record}" ;;
+                *-probe) OUT=$R python3 "tools/gpu/${step%-probe}/probe.py" ;;
+                *.py) OUT=$R python3 "tools/gpu/$step" ;;
+                *) echo "unknown step $step (suite, tests/FILE, NAME-record, DIR-probe, DIR/FILE.py; tri39: before any)"
+                   false ;;
+            esac
+        ) > "$R/$(echo "$name" | tr '/:' '__').log" 2>&1
         rc=$?
         echo "$(date +%T) end $name rc=$rc $(( $(date +%s) - t0 ))s" >> $R/steps.txt
         cp figures/data/*.json $R/ 2>/dev/null
@@ -35,16 +50,21 @@ job() {
     touch $R/done
 }
 
+TRI=/tmp/tri39  # another Triton, carried in parts: `part FILE` per call (machine warm), then `join`
 case ${1:-} in
+    part) mkdir -p /tmp/triparts && cp "$2" /tmp/triparts/ && ls -la /tmp/triparts; exit ;;
+    join) cat /tmp/triparts/part_* > /tmp/triparts/"$2" && rm /tmp/triparts/part_* &&
+          python3 -m pip install -q --no-index --no-deps --no-compile --target $TRI /tmp/triparts/"$2" 2>&1 | tail -2
+          PYTHONPATH=$TRI python3 -c "import triton; print('joined triton', triton.__version__)"; exit ;;
     start)
         wait_s=$2; shift 2
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
             .whl/*.whl 2>&1 | tail -2
         rm -rf $R && mkdir -p $R
-        export -f job; export R
+        export -f job; export R TRI
         setsid nohup bash -c 'job "$@"' job "$@" > $R/job.out 2>&1 < /dev/null & ;;
     wait) wait_s=$2 ;;
-    *) echo "usage: $0 start SECONDS STEP... | wait SECONDS"; exit 2 ;;
+    *) echo "usage: $0 start SECONDS STEP... | wait SECONDS | part FILE | join WHEEL-NAME"; exit 2 ;;
 esac
 end=$(( $(date +%s) + wait_s ))
 while [ ! -e $R/done ] && [ "$(date +%s)" -lt $end ]; do sleep 5; done
