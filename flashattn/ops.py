@@ -18,17 +18,21 @@ launched through ``wrap_triton(kernel)[grid](...)`` in the operator's body: this
 descriptors are host code it cannot trace.
 
 * ``fast_forward(q, k, v, causal, scale, options) -> (o, lse)``: :func:`flashattn.kernels.fast.attention_fast`
-  with ``return_lse=True``; o (B, Hq, L, D) contiguous in q's dtype, lse (B, Hq, L) float32.
+  with ``return_lse=True``; o (B, Hq, L, D) in q's dtype, lse (B, Hq, L) float32.
 * ``fast_backward(q, k, v, o, lse, do, causal, scale, options) -> (dq, dk, dv)``:
-  :func:`flashattn.kernels.fast_backward.attention_backward_fast`; each gradient contiguous, shaped like its
-  input.
+  :func:`flashattn.kernels.fast_backward.attention_backward_fast`; each gradient shaped like its input.
+
+Each output is laid out like its input (``descriptors.model_layout``): o and dq like q, dk like k, dv like v, as
+(B, N, H, D) memory seen through ``transpose(1, 2)`` where the input is such a view (a model's q, k, v: then the
+kernels read them in place and the model's ``.transpose(1, 2)`` of the result is free), contiguous otherwise.
 
 ``options`` is a string (an operator's schema takes no dict): the keyword options of ``attention(...,
 variant="fast", **options)`` as ``"block_m=64;num_warps=4"`` (:func:`encode`), empty for the defaults. The
 backward gets only the options it follows (:data:`BACKWARD_OPTIONS`).
 
 :func:`attention` is what ``flashattn.attention(..., variant="fast")`` and the drop-in call: eagerly, without
-gradients, the kernel function itself (no operator to dispatch through); otherwise the operator. While
+gradients, the kernel function itself (no operator to dispatch through); eagerly with gradients, the forward
+operator's autograd kernel (what the dispatcher would call for it); under ``torch.compile``, the operator. While
 ``torch.compile`` traces, it first runs the kernel's input checks in Python, so that a bad input raises the
 same ``ValueError`` or ``TypeError`` as in eager (Dynamo falls back to eager for the frame that raises; with
 ``fullgraph=True`` Dynamo reports it as ``Unsupported`` carrying that message: it never lets an exception out
@@ -44,7 +48,7 @@ import functools
 import torch
 from torch.autograd.function import once_differentiable
 
-from flashattn.kernels import fast, fast_backward, fast_options
+from flashattn.kernels import descriptors, fast, fast_backward, fast_options
 from flashattn.validate import check_attention_inputs
 
 NAMESPACE = "flashattn"
@@ -84,22 +88,32 @@ def fast_backward_kernel(q, k, v, o, lse, do, causal, scale, options):
 def _fast_forward_fake(q, k, v, causal, scale, options):
     B, Hq, _, L, _, D, _ = check_attention_inputs(q, k, v, variant="fast", causal=causal, scale=scale,
                                                   head_dims=fast.HEAD_DIMS)
-    return q.new_empty((B, Hq, L, D)), q.new_empty((B, Hq, L), dtype=torch.float32)
+    return descriptors.empty_in_layout_of(q), q.new_empty((B, Hq, L), dtype=torch.float32)
 
 
 def _fast_backward_fake(q, k, v, o, lse, do, causal, scale, options):
     fast_backward.check_inputs(q, k, v, o, lse, do, causal=causal, scale=scale)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return tuple(descriptors.empty_in_layout_of(t) for t in (q, k, v))
+
+
+def _plain(*tensors) -> bool:
+    """Real tensors outside a trace: the operators' kernels can be called as Python functions, without the
+    dispatcher's round trip (what each registered kernel would run anyway)."""
+    return all(type(t) is torch.Tensor for t in tensors) and not torch.compiler.is_compiling()
 
 
 class _FastForward(torch.autograd.Function):
     """The forward operator's autograd kernel: below autograd the operator runs again (so that fake tensors reach
-    the fake implementation), and its backward is the backward operator."""
+    the fake implementation), and its backward is the backward operator. On real tensors in eager both call their
+    kernels directly (:func:`_plain`): the same code, two dispatches fewer per step."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, options):
-        with torch._C._AutoDispatchBelowAutograd():
-            o, lse = FORWARD(q, k, v, causal, scale, options)
+        if _plain(q, k, v):
+            o, lse = fast_forward(q, k, v, causal, scale, options)
+        else:
+            with torch._C._AutoDispatchBelowAutograd():
+                o, lse = FORWARD(q, k, v, causal, scale, options)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.options = causal, scale, _backward_options(options)
         ctx.mark_non_differentiable(lse)
@@ -109,7 +123,8 @@ class _FastForward(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = BACKWARD(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.options)
+        backward = fast_backward_kernel if _plain(q, k, v, o, lse, do) else BACKWARD
+        dq, dk, dv = backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.options)
         return dq, dk, dv, None, None, None
 
 
@@ -139,4 +154,6 @@ def attention(q, k, v, causal: bool, scale, options: dict):
             fast_options._check(q.dtype, q.shape[-1], causal, options, same_shapes)
     if not compiling and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return fast.attention_fast(q, k, v, causal=causal, scale=scale, **options)
+    if not compiling and tensors:  # eager: the forward operator's autograd kernel itself, one dispatch less
+        return _FastForward.apply(q, k, v, causal, scale, encode(options))[0]
     return FORWARD(q, k, v, causal, scale, encode(options))[0]

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashattn import runtime
 from flashattn.validate import check_attention_inputs, check_o_lse_do
 
 from . import descriptors, device, launch_cache, tuner
@@ -78,15 +79,21 @@ def _rows(X, row0, start, n_rows, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: t
 
 
 @triton.jit
-def bwd_preprocess_fast(O, DO, DELTA, ROWS, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    """``delta = rowsum(dO ∘ O)`` over all B·H·L rows at once."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def bwd_preprocess_fast(O, DO, DELTA, H, L, stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
+                        D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """``delta = rowsum(dO ∘ O)`` for BLOCK rows of one head, grid (row blocks, B·H): O and dO (B, H, L, D) through
+    their strides (the last one 1, so that a model's (B, L, H, D) layout is read in place), delta (B, H, L)."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    off_b, off_h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
+    offs = pid_m * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, D_PAD)
-    ptrs = offs.to(tl.int64)[:, None] * D + offs_d[None, :]
-    ok = (offs[:, None] < ROWS) & (offs_d[None, :] < D)
-    oi = tl.load(O + ptrs, mask=ok, other=0.0).to(tl.float32)
-    doi = tl.load(DO + ptrs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(DELTA + offs, tl.sum(oi * doi, axis=1), mask=offs < ROWS)
+    rows = offs.to(tl.int64)[:, None]
+    ok = (offs[:, None] < L) & (offs_d[None, :] < D)
+    oi = tl.load(O + off_b * stride_ob + off_h * stride_oh + rows * stride_on + offs_d[None, :], mask=ok, other=0.0)
+    doi = tl.load(DO + off_b * stride_dob + off_h * stride_doh + rows * stride_don + offs_d[None, :], mask=ok,
+                  other=0.0)
+    tl.store(DELTA + pid_bh.to(tl.int64) * L + offs, tl.sum(oi.to(tl.float32) * doi.to(tl.float32), axis=1),
+             mask=offs < L)
 
 
 @triton.jit
@@ -314,26 +321,102 @@ def picked_tiles(kernel: str, **problem) -> tuple | None:
     return None
 
 
-def delta_rows(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
-    """``delta = rowsum(dO ∘ O)``, (…, L) float32, for contiguous ``o`` and ``do`` (…, L, D)."""
+def bind_delta(o: torch.Tensor, do: torch.Tensor):
+    """:func:`delta_rows` for tensors with the shapes, strides, dtypes and alignment of ``o`` and ``do``: a function
+    ``run(o, do) -> delta`` that launches the compiled kernel directly after its first call."""
     D = o.shape[-1]
     D_PAD = padded_head_dim(D)
-    delta = torch.empty(o.shape[:-1], dtype=torch.float32, device=o.device)
-    rows, block = delta.numel(), max(16, min(128, 8192 // D_PAD))
-    launch_cache.launch(bwd_preprocess_fast, (triton.cdiv(rows, block),), (o, do, delta, rows),
-                        dict(D=D, D_PAD=D_PAD, BLOCK=block))
-    return delta
+    shape, device = o.shape[:-1], o.device
+    in_place = o.dim() == 4 and o.stride(-1) == 1 and do.stride(-1) == 1
+    if not in_place:
+        o, do = o.contiguous().view(1, 1, -1, D), do.contiguous().view(1, 1, -1, D)
+    B, H, L = o.shape[:3]
+    block = max(16, min(128, 8192 // D_PAD))
+    kernel = launch_cache.bind(bwd_preprocess_fast, (triton.cdiv(L, block), B * H), dict(D=D, D_PAD=D_PAD, BLOCK=block))
+    tail = (H, L, *o.stride()[:3], *do.stride()[:3])
+
+    def run(o, do):
+        delta = torch.empty(shape, dtype=torch.float32, device=device)
+        if not in_place:
+            o, do = o.contiguous().view(1, 1, -1, D), do.contiguous().view(1, 1, -1, D)
+        kernel(o, do, delta, *tail)
+        return delta
+
+    return run
+
+
+def delta_rows(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """``delta = rowsum(dO ∘ O)``, (…, L) float32 and contiguous, for ``o`` and ``do`` (B, H, L, D) with any strides
+    whose last is 1 (read in place), or of any other shape (…, L, D) (read as one (rows, D) matrix)."""
+    return bind_delta(o, do)(o, do)
 
 
 FINISH_BLOCK = 4096
 
 
+def bind_finish(numel: int, dtype: torch.dtype, scale: float):
+    """:func:`finish_dq` for ``numel`` sums (dense, 16-byte aligned): ``run(dq_acc) -> dq``."""
+    kernel = launch_cache.bind(bwd_dq_finish, (triton.cdiv(numel, FINISH_BLOCK),), dict(BLOCK=FINISH_BLOCK))
+
+    def run(dq_acc):
+        dq = torch.empty_like(dq_acc, dtype=dtype)  # dq_acc's strides (dense: one flat pass over both)
+        kernel(dq_acc, dq, numel, scale)
+        return dq
+
+    return run
+
+
 def finish_dq(dq_acc: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
     """``scale · dq_acc`` (the float32 sums of atomic dQ) in ``dtype``, by :func:`bwd_dq_finish`."""
-    dq = torch.empty(dq_acc.shape, dtype=dtype, device=dq_acc.device)
-    launch_cache.launch(bwd_dq_finish, (triton.cdiv(dq.numel(), FINISH_BLOCK),), (dq_acc, dq, dq.numel(), scale),
-                        dict(BLOCK=FINISH_BLOCK))
-    return dq
+    return bind_finish(dq_acc.numel(), dtype, scale)(dq_acc)
+
+
+_PREPARED: dict = {}  # problem_key -> run(q, k, v, o, lse, do) for the Gluon path
+_MAX_PREPARED = 256
+
+
+def problem_key(q, k, v, o, lse, do, causal, scale, options: dict):
+    """As ``fast.problem_key``, over the backward's six tensors; None for the ordinary path."""
+    tensors = (q, k, v, o, lse, do)
+    if not all(type(t) is torch.Tensor for t in tensors):
+        return None
+    try:
+        opts = tuple((key, value, type(value)) for key, value in sorted(options.items()))
+        hash(opts)
+    except TypeError:
+        return None
+    return (*(t.shape for t in tensors), *(t.stride() for t in tensors), *(t.dtype for t in tensors),
+            *(t.device for t in tensors), *(t.data_ptr() % 16 for t in tensors), causal, type(causal), scale,
+            type(scale), opts)
+
+
+def _bind_gluon(q, k, v, o, lse, do, causal: bool, scale: float):
+    """The Gluon path of :func:`attention_backward_fast` for one problem, bound: ``run(q, k, v, o, lse, do)``."""
+    copy = descriptors.heads_in_columns(q, k, v, do) is None
+    if copy:
+        q, k, v, do = (descriptors.tma_ready(t) for t in (q, k, v, do))
+    lse_copy = not lse.is_contiguous() or lse.data_ptr() % 16
+    if lse_copy:
+        lse = lse.clone(memory_format=torch.contiguous_format)
+    delta_run = bind_delta(o, do)
+    delta = torch.empty(o.shape[:-1], dtype=torch.float32, device=o.device)  # (a template: delta_run makes each)
+    kernel = fast_backward_gluon.bind(q, k, v, lse, do, delta, causal=causal, scale=scale)
+    finish = bind_finish(q.numel(), q.dtype, scale)
+
+    def run(q, k, v, o, lse, do):
+        inputs = q, k, v
+        if copy:
+            q, k, v, do = (descriptors.tma_ready(t) for t in (q, k, v, do))
+        if lse_copy:
+            lse = lse.clone(memory_format=torch.contiguous_format)
+        delta = delta_run(o, do)
+        dq_acc, dk, dv = kernel(q, k, v, lse, do, delta)
+        grads = finish(dq_acc), dk, dv
+        if copy:  # read in place, the gradients are laid out as the inputs already (descriptors.model_layout)
+            grads = tuple(descriptors.in_layout_of(g, x) for g, x in zip(grads, inputs, strict=True))
+        return grads
+
+    return run
 
 
 def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **options):
@@ -348,11 +431,15 @@ def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **
     ``input_precision`` (float32 only), ``gluon`` (None: ``fast_backward_gluon.py``'s kernel where it applies,
     see :func:`gluon_refusal`; True: that kernel or a ValueError saying why not; False: the Triton kernels).
     """
+    key = (problem_key(q, k, v, o, lse, do, causal, scale, options)
+           if runtime.MODE == "gpu" and launch_cache._captured is None else None)
+    prepared = _PREPARED.get(key) if key is not None else None
+    if prepared is not None:  # this problem's checks passed and its launches are bound
+        return prepared(q, k, v, o, lse, do)
     B, HQ, HKV, L, S, D, scale = check_inputs(q, k, v, o, lse, do, causal=causal, scale=scale)
     opts = resolve_backward(q.dtype, D, options)
     D_PAD = padded_head_dim(D)
-    q, k, v, o, do = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, o, do))
-    lse = lse.contiguous()
+    lse_given, lse = lse, lse.contiguous()
     gluon = False
     if opts.gluon is not False:
         why_not = gluon_refusal(q, k, v, do, causal, options)
@@ -360,11 +447,23 @@ def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **
             raise ValueError(f"fast backward: gluon=True needs {why_not}")
         gluon = why_not is None
 
-    delta = delta_rows(o, do)
-    if gluon:
+    if gluon and key is not None:  # bound once (its first run is this call's), then reused
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[key] = run = _bind_gluon(q, k, v, o, lse_given, do, causal, scale)
+        return run(q, k, v, o, lse_given, do)
+    inputs = q, k, v  # each gradient is laid out as its input (descriptors.model_layout)
+    if gluon:  # contiguous inputs and (B, L, H, D) views are read in place; others are copied
+        if descriptors.heads_in_columns(q, k, v, do) is None:
+            q, k, v, do = (descriptors.tma_ready(t) for t in (q, k, v, do))
+        delta = delta_rows(o, do)
         dq_acc, dk, dv = fast_backward_gluon.attention_backward_gluon(q, k, v, lse, do, delta, causal=causal,
                                                                       scale=scale)
-        return finish_dq(dq_acc, q.dtype, scale), dk, dv
+        grads = finish_dq(dq_acc, q.dtype, scale), dk, dv
+        return tuple(descriptors.in_layout_of(g, x) for g, x in zip(grads, inputs, strict=True))
+
+    q, k, v, o, do = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, o, do))
+    delta = delta_rows(o, do)
 
     atomic = opts.dq_mode == "atomic"
     use_tma = opts.use_tma and D == D_PAD and all(t.data_ptr() % 16 == 0 for t in (q, k, v, do))
@@ -385,9 +484,10 @@ def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **
             scalars, dict(common, DQ_ATOMIC=atomic), dkdv_tiles, opts.autotune and opts.dkdv_tiles is None, problem,
             use_tma, zero=dq_acc)
     if atomic:
-        return finish_dq(dq_acc, q.dtype, scale), dk, dv
+        dq = finish_dq(dq_acc, q.dtype, scale)
+        return tuple(descriptors.in_layout_of(g, x) for g, x in zip((dq, dk, dv), inputs, strict=True))
     dq_tiles = opts.dq_tiles or tuning_space("dq", D, q.dtype)[0]
     _launch("dq", bwd_dq_fast, lambda bm, bn: (triton.cdiv(L, bm), B * HQ),
             dict(Q=q, K=k, V=v, DO=do, DQ=dq, LSE=lse, DELTA=delta),
             scalars, common, dq_tiles, opts.autotune and opts.dq_tiles is None, problem, use_tma)
-    return dq, dk, dv
+    return tuple(descriptors.in_layout_of(g, x) for g, x in zip((dq, dk, dv), inputs, strict=True))

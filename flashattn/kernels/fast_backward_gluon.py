@@ -49,7 +49,7 @@ if not triton_compat.HAS_GLUON_BACKWARD:  # the fast backward then runs its Trit
 
 from . import descriptors  # noqa: E402
 from .constants import LOG2_E  # noqa: E402
-from .fast_gluon import DTYPES, _mma_layout  # noqa: E402
+from .fast_gluon import DTYPES, _head, _mma_layout  # noqa: E402
 from .triton_compat import (  # noqa: E402
     fence_async_shared,
     gl,
@@ -73,30 +73,32 @@ MAXNREG = 168  # at launch: 3 warpgroups' worth of the register file; setmaxnreg
 
 
 @gluon.jit
-def _producer(Q, K, V, DO, LSE, DELTA, N, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, kv_ready,
-              qdo_ready, qdo_empty, CAUSAL: gl.constexpr):
+def _producer(Q, K, V, DO, LSE, DELTA, N, H, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, kv_ready,
+              qdo_ready, qdo_empty, CAUSAL: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
     start_n = gl.program_id(0) * BLOCK_N
-    row0 = gl.program_id(1) * N  # the head's first row in the (B·H·N, D) matrices
+    bh = gl.program_id(1)
+    D: gl.constexpr = k_tile.shape[1]
+    row0, col = _head(bh, N, H, D, HEADS_IN_COLUMNS)  # the head in the descriptors' matrices (fast_gluon._head)
     lo = start_n if CAUSAL else 0  # query m sees key n iff n <= m: earlier Q blocks see none of this tile
     STAGES: gl.constexpr = q_ring.shape[0]
     mbarrier.expect(kv_ready, K.block_type.nbytes + V.block_type.nbytes)
-    tma_load(K, [row0 + start_n, 0], kv_ready, k_tile)
-    tma_load(V, [row0 + start_n, 0], kv_ready, v_tile)
+    tma_load(K, [row0 + start_n, col], kv_ready, k_tile)
+    tma_load(V, [row0 + start_n, col], kv_ready, v_tile)
     for i in range((N - lo) // BLOCK_M):
         s = i % STAGES
-        start_m = row0 + lo + i * BLOCK_M
+        start_m = lo + i * BLOCK_M
         mbarrier.wait(qdo_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes a wait on parity 1
         bar = qdo_ready.index(s)
         mbarrier.expect(bar, Q.block_type.nbytes + DO.block_type.nbytes + 2 * LSE.block_type.nbytes)
-        tma_load(Q, [start_m, 0], bar, q_ring.index(s))
-        tma_load(DO, [start_m, 0], bar, do_ring.index(s))
-        tma_load(LSE, [start_m], bar, lse_ring.index(s))  # the block's rows of lse and delta ride along
-        tma_load(DELTA, [start_m], bar, delta_ring.index(s))
+        tma_load(Q, [row0 + start_m, col], bar, q_ring.index(s))
+        tma_load(DO, [row0 + start_m, col], bar, do_ring.index(s))
+        tma_load(LSE, [bh * N + start_m], bar, lse_ring.index(s))  # the block's rows of lse and delta ride along
+        tma_load(DELTA, [bh * N + start_m], bar, delta_ring.index(s))
 
 
 @gluon.jit
-def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr):
-    DQ_ACC, DK, DV, N, qk_scale, scale = io
+def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
+    DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale = io
     k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ds_tiles, dq_tiles = tiles
     kv_ready, qdo_ready, qdo_empty, ds_ready, ds_empty = bars
     D: gl.constexpr = k_tile.shape[1]
@@ -109,7 +111,8 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr):
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query of the block: lse_i, delta_i
 
     start_n = gl.program_id(0) * BLOCK_N
-    row0 = gl.program_id(1) * N
+    bh = gl.program_id(1)
+    row0, col = _head(bh, N, H, D, HEADS_IN_COLUMNS)  # dQ's float32 sums are laid out as Q
     lo = start_n if CAUSAL else 0
     kj = k_tile.slice(WG * HALF, HALF)
     vj = v_tile.slice(WG * HALF, HALF)
@@ -155,20 +158,22 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr):
             tma.store_wait(0)  # the add this warpgroup issued two blocks ago has read its dQ tile
             dq_tile.store(dqi)
             fence_async_shared()
-            tma_reduce_add(DQ_ACC, [row0 + start_m, 0], dq_tile)
+            tma_reduce_add(DQ_ACC, [row0 + start_m, col], dq_tile)
     tma.store_wait(0)
 
-    offs_o = row0 + start_n + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_layout))
+    offs_o = start_n + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
-    o_ptrs = offs_o.to(gl.int64)[:, None] * D + offs_d[None, :]
+    head = (bh // H).to(gl.int64) * stride_kb + (bh % H).to(gl.int64) * stride_kh  # dK, dV: any strides, the last 1
+    o_ptrs = head + offs_o.to(gl.int64)[:, None] * stride_kn + offs_d[None, :]
     gl.store(DK + o_ptrs, (dkj * scale).to(dtype))  # from the accumulators' layout: no shared memory for a change
     gl.store(DV + o_ptrs, dvj.to(dtype))
 
 
 @gluon.jit
-def bwd_kernel_gluon(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, N, qk_scale, scale, D: gl.constexpr,
-                     CAUSAL: gl.constexpr, STAGES: gl.constexpr):
-    """Grid (N // BLOCK_N, B·H): one program per 128 keys of one head."""
+def bwd_kernel_gluon(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale,
+                     D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
+    """Grid (N // BLOCK_N, B·H): one program per 128 keys of one head. The descriptors of Q, K, V, dO and dQ's sums lay
+    the heads out as HEADS_IN_COLUMNS says (``fast_gluon._head``); dK and dV share the strides ``stride_k*``."""
     dtype: gl.constexpr = Q.dtype
     k_tile = gl.allocate_shared_memory(dtype, [BLOCK_N, D], K.layout)
     v_tile = gl.allocate_shared_memory(dtype, [BLOCK_N, D], V.layout)
@@ -191,13 +196,13 @@ def bwd_kernel_gluon(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, N, qk_scale, scale
     for b in gl.static_range(2):
         mbarrier.init(ds_ready.index(b), count=2)  # both halves written
         mbarrier.init(ds_empty.index(b), count=1)  # read by the warpgroup whose turn it was
-    io = (DQ_ACC, DK, DV, N, qk_scale, scale)
+    io = (DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale)
     tiles = (k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ds_tiles, dq_tiles)
     bars = (kv_ready, qdo_ready, qdo_empty, ds_ready, ds_empty)
-    gl.warp_specialize([(_consumer, (io, tiles, bars, 0, CAUSAL)),
-                        (_consumer, (io, tiles, bars, 1, CAUSAL)),
-                        (_producer, (Q, K, V, DO, LSE, DELTA, N, k_tile, v_tile, q_ring, do_ring, lse_ring,
-                                     delta_ring, kv_ready, qdo_ready, qdo_empty, CAUSAL))],
+    gl.warp_specialize([(_consumer, (io, tiles, bars, 0, CAUSAL, HEADS_IN_COLUMNS)),
+                        (_consumer, (io, tiles, bars, 1, CAUSAL, HEADS_IN_COLUMNS)),
+                        (_producer, (Q, K, V, DO, LSE, DELTA, N, H, k_tile, v_tile, q_ring, do_ring, lse_ring,
+                                     delta_ring, kv_ready, qdo_ready, qdo_empty, CAUSAL, HEADS_IN_COLUMNS))],
                        [4, 1], [240, 24])
 
 
@@ -218,21 +223,51 @@ def applies(q, k, causal: bool) -> str | None:
     return None
 
 
-def attention_backward_gluon(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | None = None):
-    """(the float32 sums of dQ, not yet scaled), dk, dv for contiguous, 16-byte-aligned (B, H, N, D) inputs that
-    :func:`applies` accepts; ``lse`` and ``delta`` (B, H, N) float32, contiguous, ``delta`` = rowsum(o ∘ do)
-    (``fast_backward.delta_rows``); ``fast_backward.finish_dq`` turns the sums into dQ. ``stages``: the Q/dO ring's
-    slots (default :data:`STAGES` for D)."""
+def bind(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | None = None):
+    """:func:`attention_backward_gluon` for one problem (shapes, strides, dtypes, alignment), bound: a function
+    ``run(q, k, v, lse, do, delta) -> (dq_acc, dk, dv)`` that makes the descriptors from templates and calls the
+    compiled kernel directly after its first call (``launch_cache.bind``)."""
     B, H, N, D = q.shape
-    if lse.data_ptr() % 16:  # a view into a larger tensor: TMA needs 16-byte-aligned rows
-        lse = lse.clone()
-    dq_acc = torch.zeros((B, H, N, D), dtype=torch.float32, device=q.device)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    in_columns = descriptors.heads_in_columns(q, k, v, do)
+    if in_columns is None:
+        raise ValueError("fast backward (Gluon): q, k, v and do must be contiguous or (B, N, H, D) views alike, "
+                         "16-byte aligned (attention_backward_fast copies them)")
+    if lse.data_ptr() % 16 or not lse.is_contiguous():
+        raise ValueError("fast backward (Gluon): lse must be contiguous and 16-byte aligned (TMA)")
+    # dQ's float32 sums, dK and dV: laid out as the inputs (so that a model's .transpose(1, 2) of each is free)
+    shape = (B, N, H, D) if in_columns else (B, H, N, D)
+
+    def new(dtype, zero=False):
+        t = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=q.device)
+        return t.transpose(1, 2) if in_columns else t
+
+    dq_acc, dk = new(torch.float32), new(k.dtype)
     bm, bn = BLOCK_M.value, BLOCK_N.value
-    descs = (descriptors.gluon_rows(q, bm), descriptors.gluon_rows(k, bn), descriptors.gluon_rows(v, bn),
-             descriptors.gluon_rows(do, bm), descriptors.gluon_vector(lse, bm), descriptors.gluon_vector(delta, bm),
-             descriptors.gluon_rows(dq_acc, bm))
-    launch_cache.launch(bwd_kernel_gluon, (N // BLOCK_N.value, B * H),
-                        (*descs, dk, dv, N, scale * LOG2_E.value, scale),
-                        dict(D=D, CAUSAL=causal, STAGES=stages or STAGES[D]), num_warps=4, maxnreg=MAXNREG)
-    return dq_acc, dk, dv
+    templates = (descriptors.gluon_heads(q, bm, in_columns), descriptors.gluon_heads(k, bn, in_columns),
+                 descriptors.gluon_heads(v, bn, in_columns), descriptors.gluon_heads(do, bm, in_columns),
+                 descriptors.gluon_vector(lse, bm), descriptors.gluon_vector(delta, bm),
+                 descriptors.gluon_heads(dq_acc, bm, in_columns))
+    kernel = launch_cache.bind(bwd_kernel_gluon, (N // BLOCK_N.value, B * H),
+                               dict(D=D, CAUSAL=causal, STAGES=stages or STAGES[D], HEADS_IN_COLUMNS=in_columns),
+                               num_warps=4, maxnreg=MAXNREG)
+    tail = (N, H, dk.stride(0), dk.stride(1), dk.stride(2), scale * LOG2_E.value, scale)
+    rebase = descriptors.rebase
+
+    def run(q, k, v, lse, do, delta):
+        dq_acc, dk, dv = new(torch.float32, zero=True), new(k.dtype), new(v.dtype)
+        tensors = (q, k, v, do, lse, delta, dq_acc)
+        kernel(*(rebase(t, x) for t, x in zip(templates, tensors, strict=True)), dk, dv, *tail)
+        return dq_acc, dk, dv
+
+    return run
+
+
+def attention_backward_gluon(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | None = None):
+    """(the float32 sums of dQ, not yet scaled), dk, dv for (B, H, N, D) inputs that :func:`applies` accepts and
+    ``descriptors.heads_in_columns`` reads in place (contiguous, or (B, N, H, D) views alike: then dQ's sums, dK and
+    dV are laid out so too, and ``.transpose(1, 2)`` of each is contiguous); ``lse`` and ``delta`` (B, H, N) float32,
+    contiguous, ``delta`` = rowsum(o ∘ do) (``fast_backward.delta_rows``); ``fast_backward.finish_dq`` turns the sums
+    into dQ. ``stages``: the Q/dO ring's slots (default :data:`STAGES` for D)."""
+    if lse.data_ptr() % 16 or not lse.is_contiguous():  # a view into a larger tensor: TMA needs 16-byte-aligned rows
+        lse = lse.clone(memory_format=torch.contiguous_format)
+    return bind(q, k, v, lse, do, delta, causal=causal, scale=scale, stages=stages)(q, k, v, lse, do, delta)

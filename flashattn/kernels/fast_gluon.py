@@ -60,11 +60,23 @@ def _mma_layout(num_warps, n):
 
 
 @gluon.jit
-def _load_tile(desc, bars, ring, slot, row, pred):
-    """TMA: rows ``row .. row + block`` of ``desc`` into slot ``slot`` of ``ring``; its barrier counts the bytes."""
+def _head(bh, N, H, D: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
+    """Where head ``bh`` (= b·H + h) starts in the descriptors' matrix: (first row, first column). Contiguous inputs
+    are one (B·H·N, D) matrix, the head's rows one after another; (B, N, H, D) memory is one (B·N, H·D) matrix,
+    the head in columns h·D .. (``descriptors.heads_in_columns``)."""
+    if HEADS_IN_COLUMNS:
+        return (bh // H) * N, (bh % H) * D
+    else:
+        return bh * N, 0
+
+
+@gluon.jit
+def _load_tile(desc, bars, ring, slot, row, col, pred):
+    """TMA: rows ``row .. row + block`` (from column ``col``) of ``desc`` into slot ``slot`` of ``ring``; its barrier
+    counts the bytes."""
     bar = bars.index(slot)
     mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-    tma_load(desc, [row, 0], bar, ring.index(slot), pred=pred)
+    tma_load(desc, [row, col], bar, ring.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -96,8 +108,8 @@ def _free(which: gl.constexpr, ring, refill, frees, slot, j, n_blocks):
     STAGES: gl.constexpr = tiles.shape[0]
     BLOCK_N: gl.constexpr = tiles.shape[1]
     if refill is not None:
-        K, V, kv_row0 = refill
-        _load_tile(K if which == "k" else V, ready, tiles, slot, kv_row0 + (j + STAGES) * BLOCK_N,
+        K, V, kv_row0, col = refill
+        _load_tile(K if which == "k" else V, ready, tiles, slot, kv_row0 + (j + STAGES) * BLOCK_N, col,
                    j + STAGES < n_blocks)
     else:
         k_empty, v_empty, q_empty = frees
@@ -187,8 +199,9 @@ def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale,
 
 
 @gluon.jit
-def _store(acc, li, mi, O, LSE, row0, m0, bh, N, STORE_LSE: gl.constexpr):
-    """Normalize once and store rows ``m0 ..`` (through a row-major layout: 8 contiguous values per thread)."""
+def _store(acc, li, mi, O, LSE, o_head, stride_on, m0, bh, N, STORE_LSE: gl.constexpr):
+    """Normalize once and store rows ``m0 ..`` of the head that starts at ``O + o_head`` (through a row-major layout:
+    8 contiguous values per thread)."""
     BLOCK_M: gl.constexpr = acc.shape[0]
     D: gl.constexpr = acc.shape[1]
     out = (acc / gl.convert_layout(li, gl.SliceLayout(1, acc.type.layout))[:, None]).to(O.dtype.element_ty)
@@ -196,7 +209,7 @@ def _store(acc, li, mi, O, LSE, row0, m0, bh, N, STORE_LSE: gl.constexpr):
     out = gl.convert_layout(out, out_layout)
     offs_mo = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, out_layout))
-    o_ptrs = O + (row0 + offs_mo).to(gl.int64)[:, None] * D + offs_d[None, :]
+    o_ptrs = O + o_head + offs_mo.to(gl.int64)[:, None] * stride_on + offs_d[None, :]
     gl.store(o_ptrs, out, mask=offs_mo[:, None] < N)
     if STORE_LSE:  # natural log: mi and log2(li) are in base 2
         offs_m = m0 + gl.arange(0, BLOCK_M, layout=mi.type.layout)
@@ -213,9 +226,16 @@ def _key_blocks(m0, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.con
 
 
 @gluon.jit
-def _one_warpgroup(Q, K, V, O, LSE, N, qk_scale,
+def _o_head(bh, H, stride_ob, stride_oh):
+    """The offset of head ``bh``'s first output row in O (any strides: O is a pointer)."""
+    return (bh // H).to(gl.int64) * stride_ob + (bh % H).to(gl.int64) * stride_oh
+
+
+@gluon.jit
+def _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_scale,
                    D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr):
+                   CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
+                   HEADS_IN_COLUMNS: gl.constexpr):
     """The loop in one warpgroup per program (num_warps = 4), or 2 with 8 warps: each issues its own loads."""
     dtype: gl.constexpr = Q.dtype
     pid_m = gl.program_id(0)
@@ -223,7 +243,7 @@ def _one_warpgroup(Q, K, V, O, LSE, N, qk_scale,
     if CAUSAL:  # the heaviest Q blocks (the last rows) first
         pid_m = gl.num_programs(0) - 1 - pid_m
     m0 = pid_m * BLOCK_M
-    row0 = pid_bh * N  # the head's first row: the descriptors see all heads as one (B·H·N, D) matrix
+    row0, col = _head(pid_bh, N, H, D, HEADS_IN_COLUMNS)
 
     qi = gl.allocate_shared_memory(dtype, [BLOCK_M, D], Q.layout)
     k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], K.layout)
@@ -239,13 +259,13 @@ def _one_warpgroup(Q, K, V, O, LSE, N, qk_scale,
     n_blocks = _key_blocks(m0, N, BLOCK_M, BLOCK_N, CAUSAL)
 
     mbarrier.expect(q_bar, Q.block_type.nbytes)
-    tma_load(Q, [row0 + m0, 0], q_bar, qi)
+    tma_load(Q, [row0 + m0, col], q_bar, qi)
     for i in gl.static_range(STAGES):  # fill the rings; each slot is refilled as soon as it has been read
-        _load_tile(K, k_ready, k_ring, i, row0 + i * BLOCK_N, i < n_blocks)
-        _load_tile(V, v_ready, v_ring, i, row0 + i * BLOCK_N, i < n_blocks)
+        _load_tile(K, k_ready, k_ring, i, row0 + i * BLOCK_N, col, i < n_blocks)
+        _load_tile(V, v_ready, v_ring, i, row0 + i * BLOCK_N, col, i < n_blocks)
 
     mbarrier.wait(q_bar, 0)
-    acc, li, mi = _attend_tile(qi, (k_ring, v_ring, k_ready, v_ready), (K, V, row0), None, 0, n_blocks, m0, N,
+    acc, li, mi = _attend_tile(qi, (k_ring, v_ring, k_ready, v_ready), (K, V, row0, col), None, 0, n_blocks, m0, N,
                                qk_scale, CAUSAL, OVERLAP)
 
     mbarrier.invalidate(q_bar)
@@ -253,7 +273,7 @@ def _one_warpgroup(Q, K, V, O, LSE, N, qk_scale,
         mbarrier.invalidate(k_ready.index(i))
         mbarrier.invalidate(v_ready.index(i))
 
-    _store(acc, li, mi, O, LSE, row0, m0, pid_bh, N, STORE_LSE)
+    _store(acc, li, mi, O, LSE, _o_head(pid_bh, H, stride_ob, stride_oh), stride_on, m0, pid_bh, N, STORE_LSE)
 
 
 @gluon.jit
@@ -267,16 +287,17 @@ def _tile(t, n_m, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _producer(io, smem, bars, CAUSAL: gl.constexpr):
+def _producer(io, smem, bars, CAUSAL: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
     """One warp: every TMA copy. It refills a slot as soon as every consumer has released it.
 
-    ``io``: the descriptors Q, K, V, the outputs O and LSE, N, B·H and the scale; ``smem``: the consumers'
-    Q tiles and the K/V rings; ``bars``: their ready/empty barriers (see ``attn_kernel_gluon``)."""
-    Q, K, V, O, LSE, N, BH, qk_scale = io
+    ``io``: the descriptors Q, K, V, the outputs O and LSE, N, B·H, H, O's strides and the scale; ``smem``: the
+    consumers' Q tiles and the K/V rings; ``bars``: their ready/empty barriers (see ``attn_kernel_gluon``)."""
+    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale = io
     q_tiles, k_ring, v_ring = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     CONSUMERS: gl.constexpr = q_tiles.shape[0]
     BLOCK_M: gl.constexpr = q_tiles.shape[1]
+    D: gl.constexpr = q_tiles.shape[2]
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     n_m = gl.cdiv(N, CONSUMERS * BLOCK_M)
@@ -284,21 +305,21 @@ def _producer(io, smem, bars, CAUSAL: gl.constexpr):
     cnt = 0  # K/V blocks loaded by this program: the ring slot and its lap
     for t in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
         tm, bh = _tile(t, n_m, CAUSAL)
-        row0 = bh * N
+        row0, col = _head(bh, N, H, D, HEADS_IN_COLUMNS)
         m0 = tm * CONSUMERS * BLOCK_M
         for c in gl.static_range(CONSUMERS):  # each consumer's Q tile, once it has let go of the last one
             mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)  # (a fresh barrier passes a wait on parity 1)
             mbarrier.expect(q_ready.index(c), Q.block_type.nbytes)
-            tma_load(Q, [row0 + m0 + c * BLOCK_M, 0], q_ready.index(c), q_tiles.index(c))
+            tma_load(Q, [row0 + m0 + c * BLOCK_M, col], q_ready.index(c), q_tiles.index(c))
         for j in range(_key_blocks(m0, N, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL)):
             slot = cnt % STAGES
             lap = (cnt // STAGES) & 1
             mbarrier.wait(k_empty.index(slot), lap ^ 1)
             mbarrier.expect(k_ready.index(slot), K.block_type.nbytes)
-            tma_load(K, [row0 + j * BLOCK_N, 0], k_ready.index(slot), k_ring.index(slot))
+            tma_load(K, [row0 + j * BLOCK_N, col], k_ready.index(slot), k_ring.index(slot))
             mbarrier.wait(v_empty.index(slot), lap ^ 1)
             mbarrier.expect(v_ready.index(slot), V.block_type.nbytes)
-            tma_load(V, [row0 + j * BLOCK_N, 0], v_ready.index(slot), v_ring.index(slot))
+            tma_load(V, [row0 + j * BLOCK_N, col], v_ready.index(slot), v_ring.index(slot))
             cnt += 1
         it += 1
 
@@ -308,7 +329,7 @@ def _consumer(io, smem, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE:
               OVERLAP: gl.constexpr):
     """Warpgroup ``WG``: rows ``WG·BLOCK_M ..`` of each tile, the loop of ``_attend_tile`` on the producer's
     rings (``io``, ``smem``, ``bars`` as for ``_producer``)."""
-    Q, K, V, O, LSE, N, BH, qk_scale = io
+    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale = io
     q_tiles, k_ring, v_ring = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     CONSUMERS: gl.constexpr = q_tiles.shape[0]
@@ -320,29 +341,31 @@ def _consumer(io, smem, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE:
     cnt = 0
     for t in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
         tm, bh = _tile(t, n_m, CAUSAL)
-        row0 = bh * N
         m0 = (tm * CONSUMERS + WG) * BLOCK_M
         n_blocks = _key_blocks(tm * CONSUMERS * BLOCK_M, N, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL)  # the producer's count
         mbarrier.wait(q_ready.index(WG), it & 1)
         acc, li, mi = _attend_tile(qi, (k_ring, v_ring, k_ready, v_ready), None,
                                    (k_empty, v_empty, q_empty.index(WG)), cnt, n_blocks, m0, N, qk_scale,
                                    CAUSAL, OVERLAP)
-        _store(acc, li, mi, O, LSE, row0, m0, bh, N, STORE_LSE)
+        _store(acc, li, mi, O, LSE, _o_head(bh, H, stride_ob, stride_oh), stride_on, m0, bh, N, STORE_LSE)
         cnt += n_blocks
         it += 1
 
 
 @gluon.jit
-def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, qk_scale,
+def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale,
                       D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
-                      WARP_SPECIALIZE: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr):
+                      WARP_SPECIALIZE: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr,
+                      HEADS_IN_COLUMNS: gl.constexpr):
     """Without WARP_SPECIALIZE: a (Q block, batch·head) grid, one warpgroup per program (``_one_warpgroup``).
     With it: a producer warp and CONSUMERS (2 or 3) consumer warpgroups per program, over a 1-D grid of tiles
     of CONSUMERS·BLOCK_M rows; PERSISTENT only changes that grid (one program per SM instead of one per tile:
-    see :func:`grid`)."""
+    see :func:`grid`). HEADS_IN_COLUMNS: how the descriptors lay out the heads (:func:`_head`); O is written through
+    its strides (the last one 1)."""
     if not WARP_SPECIALIZE:
-        _one_warpgroup(Q, K, V, O, LSE, N, qk_scale, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE, OVERLAP)
+        _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_scale, D, BLOCK_M, BLOCK_N, STAGES,
+                       CAUSAL, STORE_LSE, OVERLAP, HEADS_IN_COLUMNS)
     else:
         dtype: gl.constexpr = Q.dtype
         q_tiles = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, D], Q.layout)
@@ -364,7 +387,7 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, qk_scale,
             mbarrier.init(v_empty.index(i), count=CONSUMERS)
         # The partitions' arguments, grouped (runtime values only: a tuple assigned to a name would turn
         # constexprs into tensors, so those are passed one by one below).
-        io = (Q, K, V, O, LSE, N, BH, qk_scale)
+        io = (Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale)
         smem = (q_tiles, k_ring, v_ring)
         bars = (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
         # The partitions: consumer 0 (the default partition: this program's own 4 warps), the other consumers
@@ -374,7 +397,7 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, qk_scale,
         CONSUMER_REGS: gl.constexpr = 240 if CONSUMERS == 2 else 160
         gl.warp_specialize(
             [(_consumer, (io, smem, bars, role, CAUSAL, STORE_LSE, OVERLAP)) if role < CONSUMERS
-             else (_producer, (io, smem, bars, CAUSAL))
+             else (_producer, (io, smem, bars, CAUSAL, HEADS_IN_COLUMNS))
              for role in (0, 1, 2, 3)[:CONSUMERS + 1]],  # roles 0 .. CONSUMERS - 1 consume, the last produces
             [4] * (CONSUMERS - 1) + [1],  # warps of each partition after the default one
             [CONSUMER_REGS] * (CONSUMERS - 1) + [24])
@@ -391,18 +414,39 @@ def grid(N: int, BH: int, opts) -> tuple:
     return (min(tiles, device.sm_count()),)
 
 
-def launch(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts) -> None:
-    """Run :func:`attn_kernel_gluon` with ``opts`` (``fast_options.FastOptions``) on contiguous, 16-byte-aligned
-    (B, H, N, D) inputs."""
+def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts):
+    """:func:`launch`'s work done once for a problem: a function ``run(q, k, v, o, lse)`` for tensors with these
+    shapes, strides, dtypes, devices and alignment (``fast.py`` keys its prepared problems so), which makes the
+    descriptors from templates and calls the compiled kernel directly (``launch_cache.bind``)."""
     B, H, N, D = q.shape
     if B * H * N >= 2**31:
         raise ValueError(f"fast: the Gluon kernel addresses rows with 32-bit coordinates; B·H·N = {B * H * N} is too large")
+    in_columns = descriptors.heads_in_columns(q, k, v)
+    if in_columns is None or o.stride(3) != 1:
+        raise ValueError("fast_gluon.launch: q, k and v must be contiguous or (B, N, H, D) views alike, 16-byte "
+                         "aligned (fast.launch copies them), and o's last stride 1")
     ws = opts.schedule != "single"
-    descs = (descriptors.gluon_rows(q, opts.block_m), descriptors.gluon_rows(k, opts.block_n),
-             descriptors.gluon_rows(v, opts.block_n))
-    launch_cache.launch(
-        attn_kernel_gluon, grid(N, B * H, opts), (*descs, o, lse, N, B * H, scale * LOG2_E.value),
+    templates = (descriptors.gluon_heads(q, opts.block_m, in_columns),
+                 descriptors.gluon_heads(k, opts.block_n, in_columns),
+                 descriptors.gluon_heads(v, opts.block_n, in_columns))
+    kernel = launch_cache.bind(
+        attn_kernel_gluon, grid(N, B * H, opts),
         dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=causal,
              STORE_LSE=return_lse, OVERLAP=opts.overlap, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
-             CONSUMERS=opts.consumers if ws else 2),
+             CONSUMERS=opts.consumers if ws else 2, HEADS_IN_COLUMNS=in_columns),
         num_warps=opts.num_warps, **({"maxnreg": WS_MAXNREG[opts.consumers]} if ws else {}))
+    tail = (N, B * H, H, o.stride(0), o.stride(1), o.stride(2), scale * LOG2_E.value)
+    tq, tk, tv = templates
+    rebase = descriptors.rebase
+
+    def run(q, k, v, o, lse):
+        kernel(rebase(tq, q), rebase(tk, k), rebase(tv, v), o, lse, *tail)
+
+    return run
+
+
+def launch(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts) -> None:
+    """Run :func:`attn_kernel_gluon` with ``opts`` (``fast_options.FastOptions``) on (B, H, N, D) inputs that
+    ``descriptors.heads_in_columns`` reads in place (``fast.launch`` copies the others); ``o`` any (B, H, N, D) with
+    its last stride 1."""
+    bind(q, k, v, o, lse, causal, scale, return_lse, opts)(q, k, v, o, lse)

@@ -27,11 +27,12 @@ TUNE_REP_MS = 20
 _picks: dict[tuple, tuple[object, dict]] = {}
 
 
-def pick(key: tuple, candidates: list, run):
-    """The fastest of ``candidates`` for ``key`` (tuned on the first call, remembered after). ``run(candidate)``
-    launches the kernel with one candidate (it must leave the outputs right whichever candidate runs last)."""
+def pick(key: tuple, candidates, run):
+    """The fastest of ``candidates`` (a list, or a function that returns one: called only to tune) for ``key``
+    (tuned on the first call, remembered after). ``run(candidate)`` launches the kernel with one candidate (it
+    must leave the outputs right whichever candidate runs last)."""
     if key not in _picks:
-        _picks[key] = tune(candidates, run)
+        _picks[key] = tune(candidates() if callable(candidates) else candidates, run)
     return _picks[key][0]
 
 

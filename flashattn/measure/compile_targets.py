@@ -70,17 +70,24 @@ def _fast_forward(where: device.Target, D: int, dtype: torch.dtype, config: dict
     return fast.attn_kernel_fast, args, constexprs, options, fast_options.forward_shared_bytes(tiles, D, dtype, where)
 
 
+def _qkv_columns(D: int, dtype: torch.dtype):
+    """As :func:`_qkv`, but q, k, v and o (B, H, N, D) views of (B, N, H, D) memory."""
+    q, k, v, o, lse = _qkv(D, dtype)
+    q, k, v, o = (torch.empty((B, N, H, D), dtype=t.dtype).transpose(1, 2) for t in (q, k, v, o))
+    return q, k, v, o, lse
+
+
 def _gluon_forward(where: device.Target, D: int, dtype: torch.dtype, config: dict):
     from flashattn.kernels import descriptors, fast_gluon
 
-    q, k, v, o, lse = _qkv(D, dtype)
+    q, k, v, o, lse = _qkv_columns(D, dtype)  # a model's (B, N, H, D) layout, the kernel's other addressing
     opts = fast_options.FastOptions(gluon=True, autotune=False, use_tma=True, **config)
     ws = opts.schedule != "single"
-    args = (descriptors.gluon_rows(q, opts.block_m), descriptors.gluon_rows(k, opts.block_n),
-            descriptors.gluon_rows(v, opts.block_n), o, lse, N, B * H, 0.1)
+    args = (descriptors.gluon_heads(q, opts.block_m, True), descriptors.gluon_heads(k, opts.block_n, True),
+            descriptors.gluon_heads(v, opts.block_n, True), o, lse, N, B * H, H, *o.stride()[:3], 0.1)
     constexprs = dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=True,
                       STORE_LSE=True, OVERLAP=True, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
-                      CONSUMERS=opts.consumers if ws else 2)
+                      CONSUMERS=opts.consumers if ws else 2, HEADS_IN_COLUMNS=True)
     options = dict(num_warps=opts.num_warps, maxnreg=fast_options.WS_MAXNREG[opts.consumers] if ws else None)
     return fast_gluon.attn_kernel_gluon, args, constexprs, options, None
 
@@ -117,10 +124,11 @@ def _gluon_backward(D: int, dtype: torch.dtype):
     q, k, v, o, lse = _qkv(D, dtype)
     bm, bn = fbg.BLOCK_M.value, fbg.BLOCK_N.value
     dq_acc = torch.empty(q.shape, dtype=torch.float32)
+    dk = torch.empty_like(k)
     args = (descriptors.gluon_rows(q, bm), descriptors.gluon_rows(k, bn), descriptors.gluon_rows(v, bn),
             descriptors.gluon_rows(o, bm), descriptors.gluon_vector(lse, bm), descriptors.gluon_vector(lse, bm),
-            descriptors.gluon_rows(dq_acc, bm), torch.empty_like(k), torch.empty_like(v), N, 0.1, 0.1)
-    return (fbg.bwd_kernel_gluon, args, dict(D=D, CAUSAL=True, STAGES=fbg.STAGES[D]),
+            descriptors.gluon_rows(dq_acc, bm), dk, torch.empty_like(v), N, H, *dk.stride()[:3], 0.1, 0.1)
+    return (fbg.bwd_kernel_gluon, args, dict(D=D, CAUSAL=True, STAGES=fbg.STAGES[D], HEADS_IN_COLUMNS=False),
             dict(num_warps=4, maxnreg=fbg.MAXNREG), None)
 
 

@@ -9,7 +9,7 @@
 #                                                            # named tri39:STEP runs STEP under it (it waits for it)
 #
 # Each call ends by packing the job's folder (logs, each step's rc and seconds, the recorded JSON, probe output)
-# into $OUT/res.tgz and printing the steps and the end of each log. The steps (names below) run one after the other:
+# into $OUT/res.tgz and printing the steps and the end of each log; what record steps wrote is in gpurun/data. The steps (names below) run one after the other:
 # timings never share the GPU with the test suite. `start` needs the Jupyter wheels in .whl
 # (../shared/tools/gpu-notebook-wheels.sh; carry .whl with the call).
 set -u
@@ -21,6 +21,9 @@ job() {
     python3 -m ipykernel install --user --name python3 >/dev/null 2>&1
     { nvidia-smi; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
       nproc; git rev-parse HEAD 2>/dev/null; } > $R/versions.txt 2>&1
+    # Recordings go to $R/data, not figures/data: each device call copies the working tree over again, and would put
+    # the tree's own figures/data back over what a record step wrote (it did so in stop 37).
+    mkdir -p $R/data && cp figures/data/*.json $R/data/
     for name in "$@"; do
         echo "$(date +%T) start $name" >> $R/steps.txt
         t0=$(date +%s)
@@ -36,7 +39,7 @@ job() {
                 suite) python3 -m pytest tests -q -p no:cacheprovider --durations=40 -n 12 -rfE --timeout 1500 \
                            --record-durations $R/gpu_durations.json --junitxml=$R/suite.xml ;;
                 tests/*) python3 -m pytest "$step" -q -p no:cacheprovider -rfE ;;
-                *-record) python3 -m flashattn.record --only "${step%-record}" ;;
+                *-record) FLASHATTN_DATA_DIR=$R/data python3 -m flashattn.record --only "${step%-record}" ;;
                 *-probe) OUT=$R python3 "tools/gpu/${step%-probe}/probe.py" ;;
                 *.py) OUT=$R python3 "tools/gpu/$step" ;;
                 *) echo "unknown step $step (suite, tests/FILE, NAME-record, DIR-probe, DIR/FILE.py; tri39: before any)"
@@ -45,7 +48,6 @@ job() {
         ) > "$R/$(echo "$name" | tr '/:' '__').log" 2>&1
         rc=$?
         echo "$(date +%T) end $name rc=$rc $(( $(date +%s) - t0 ))s" >> $R/steps.txt
-        cp figures/data/*.json $R/ 2>/dev/null
     done
     touch $R/done
 }
