@@ -321,21 +321,13 @@ _MAX_PREPARED = 256
 
 
 def problem_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles):
-    """Everything of a call that its checks and its launches depend on, but not the data: each tensor's type,
-    shape, strides, dtype, device and 16-byte alignment, cache_seqlens' int value, and the options with their
-    types. None when an argument is not a plain tensor (the full checks then say what is wrong)."""
-    tensors = (q, k_cache, v_cache, block_table, cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None)
-    meta = []
-    for t in tensors:
-        if t is None:
-            meta.append(None)
-        elif type(t) is not torch.Tensor:
-            return None
-        else:
-            meta.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
-    seqlen = None if isinstance(cache_seqlens, torch.Tensor) else (type(cache_seqlens), cache_seqlens)
-    return (*meta, seqlen, (type(causal), causal), (type(softmax_scale), softmax_scale),
-            (type(num_splits), num_splits), tiles)
+    """Everything of a call that its checks and its launches depend on, but not the data (``launch_cache.problem_key``:
+    each tensor's shape, strides, dtype, device and 16-byte alignment), cache_seqlens' int value, and the options
+    with their types. None when an argument is not a plain tensor (the full checks then say what is wrong)."""
+    seqlens_tensor = isinstance(cache_seqlens, torch.Tensor)
+    return launch_cache.problem_key((q, k_cache, v_cache, block_table, cache_seqlens if seqlens_tensor else None),
+                                    (None if seqlens_tensor else cache_seqlens, causal, softmax_scale, num_splits,
+                                     tiles))
 
 
 def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles) -> Prepared:

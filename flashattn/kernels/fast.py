@@ -264,10 +264,6 @@ def launch(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts: 
 class Prepared(NamedTuple):
     """What a problem's first call worked out, for its next calls (:func:`problem_key`): its checks passed."""
 
-    B: int
-    Hq: int
-    L: int
-    D: int
     bnhd_output: bool  # o laid out as (B, L, H, D) memory, like q
     copy: bool  # inputs the kernel cannot read in place: copied (descriptors.tma_ready)
     run: object  # run(q, k, v, o, lse): the launch with the tuner's pick
@@ -278,23 +274,12 @@ _MAX_PREPARED = 256
 
 
 def problem_key(q, k, v, causal, scale, return_lse, options: dict):
-    """Everything the checks, the options, the tuner's pick and the launch read of a call, or None (the ordinary
-    path): per tensor its shape, strides, dtype, device and 16-byte alignment; the flags and options with their
-    types (so that ``1`` is not taken for ``True``)."""
-    if not type(q) is type(k) is type(v) is torch.Tensor:  # fake tensors, subclasses
-        return None
-    try:
-        opts = tuple((key, value, type(value)) for key, value in sorted(options.items()))
-        hash(opts)
-    except TypeError:
-        return None
-    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-            k.device, v.device, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, causal, type(causal),
-            scale, type(scale), return_lse, type(return_lse), opts)
+    """Everything the checks, the options, the tuner's pick and the launch read of a call
+    (``launch_cache.problem_key``), or None (the ordinary path)."""
+    return launch_cache.problem_key((q, k, v), (causal, scale, return_lse), options)
 
 
 def _prepare(q, k, v, o, causal: bool, scale: float, return_lse: bool, opts: FastOptions) -> Prepared:
-    B, Hq, L, D = q.shape
     if opts.gluon:
         copy = descriptors.heads_in_columns(q, k, v) is None
         if copy:
@@ -305,7 +290,7 @@ def _prepare(q, k, v, o, causal: bool, scale: float, return_lse: bool, opts: Fas
 
         def run(q, k, v, o, lse):
             launch_triton(q, k, v, o, lse, causal, scale, return_lse, opts)
-    return Prepared(B, Hq, L, D, descriptors.model_layout(q), copy, run)
+    return Prepared(descriptors.model_layout(q), copy, run)
 
 
 def tuned_config(D: int, dtype: torch.dtype, N: int, H: int, causal: bool, use_tma: bool = True,
@@ -349,7 +334,7 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
            if runtime.MODE == "gpu" and launch_cache._captured is None else None)
     prepared = _PREPARED.get(key) if key is not None else None
     if prepared is not None:  # this problem's checks passed and its launch is bound: only the outputs are new
-        B, Hq, L, D = prepared.B, prepared.Hq, prepared.L, prepared.D
+        B, Hq, L, D = q.shape
         o = (torch.empty((B, L, Hq, D), dtype=q.dtype, device=q.device).transpose(1, 2) if prepared.bnhd_output
              else torch.empty((B, Hq, L, D), dtype=q.dtype, device=q.device))  # as descriptors.empty_in_layout_of
         lse = torch.empty((B, Hq, L), dtype=torch.float32, device=q.device) if return_lse else o

@@ -377,17 +377,7 @@ _MAX_PREPARED = 256
 
 def problem_key(q, k, v, o, lse, do, causal, scale, options: dict):
     """As ``fast.problem_key``, over the backward's six tensors; None for the ordinary path."""
-    tensors = (q, k, v, o, lse, do)
-    if not all(type(t) is torch.Tensor for t in tensors):
-        return None
-    try:
-        opts = tuple((key, value, type(value)) for key, value in sorted(options.items()))
-        hash(opts)
-    except TypeError:
-        return None
-    return (*(t.shape for t in tensors), *(t.stride() for t in tensors), *(t.dtype for t in tensors),
-            *(t.device for t in tensors), *(t.data_ptr() % 16 for t in tensors), causal, type(causal), scale,
-            type(scale), opts)
+    return launch_cache.problem_key((q, k, v, o, lse, do), (causal, scale), options)
 
 
 def _bind_gluon(q, k, v, o, lse, do, causal: bool, scale: float):
@@ -447,20 +437,14 @@ def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **
             raise ValueError(f"fast backward: gluon=True needs {why_not}")
         gluon = why_not is None
 
-    if gluon and key is not None:  # bound once (its first run is this call's), then reused
-        if len(_PREPARED) >= _MAX_PREPARED:
-            _PREPARED.clear()
-        _PREPARED[key] = run = _bind_gluon(q, k, v, o, lse_given, do, causal, scale)
+    if gluon:  # bound once (its first run is this call's), then reused under its key
+        run = _bind_gluon(q, k, v, o, lse_given, do, causal, scale)
+        if key is not None:
+            if len(_PREPARED) >= _MAX_PREPARED:
+                _PREPARED.clear()
+            _PREPARED[key] = run
         return run(q, k, v, o, lse_given, do)
     inputs = q, k, v  # each gradient is laid out as its input (descriptors.model_layout)
-    if gluon:  # contiguous inputs and (B, L, H, D) views are read in place; others are copied
-        if descriptors.heads_in_columns(q, k, v, do) is None:
-            q, k, v, do = (descriptors.tma_ready(t) for t in (q, k, v, do))
-        delta = delta_rows(o, do)
-        dq_acc, dk, dv = fast_backward_gluon.attention_backward_gluon(q, k, v, lse, do, delta, causal=causal,
-                                                                      scale=scale)
-        grads = finish_dq(dq_acc, q.dtype, scale), dk, dv
-        return tuple(descriptors.in_layout_of(g, x) for g, x in zip(grads, inputs, strict=True))
 
     q, k, v, o, do = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, o, do))
     delta = delta_rows(o, do)

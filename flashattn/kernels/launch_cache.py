@@ -82,6 +82,29 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, **options) -> Non
         runner(*args, *map(constexprs.__getitem__, order))
 
 
+def problem_key(tensors: tuple, values: tuple = (), options: dict | None = None) -> tuple | None:
+    """A key for a caller's prepared problem (its checks, plan and :func:`bind` launches, reused while the key is the
+    same): per tensor (or None) its shape, strides, dtype, device and 16-byte alignment, then each value and each
+    option with its type (so that ``1`` is not taken for ``True``). None, for the ordinary path, when a tensor is not
+    a plain ``torch.Tensor`` (fake tensors, subclasses) or a value cannot be hashed."""
+    meta = []
+    for t in tensors:
+        if t is None:
+            meta.append(None)
+        elif type(t) is not torch.Tensor:
+            return None
+        else:
+            meta.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
+    typed = tuple((type(value), value) for value in values)
+    if options:
+        typed += tuple((key, type(value), value) for key, value in sorted(options.items()))
+    try:
+        hash(typed)
+    except TypeError:
+        return None
+    return (*meta, *typed)
+
+
 def bind(kernel, grid: tuple, constexprs: dict, **options):
     """A function ``run(*args)`` that does ``launch(kernel, grid, args, constexprs, **options)``, for a caller that
     keys it by everything :func:`_key` reads of the arguments (shapes, strides, dtypes, devices, 16-byte alignment,
