@@ -117,6 +117,7 @@ class _FastForward(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.options = causal, scale, _backward_options(options)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # lse's gradient stays None (not a tensor of zeros made on every step)
         return o, lse
 
     @staticmethod
@@ -126,6 +127,45 @@ class _FastForward(torch.autograd.Function):
         backward = fast_backward_kernel if _plain(q, k, v, o, lse, do) else BACKWARD
         dq, dk, dv = backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.options)
         return dq, dk, dv, None, None, None
+
+
+class _Eager(torch.autograd.Function):
+    """Eager calls with gradients on real tensors: the forward and backward kernels themselves, as the operators'
+    kernels run them, with one output (lse is saved, not returned, so no gradient for it passes through the
+    autograd engine; saved, so that saved-tensor hooks, for offloading or checkpointing, see it). The engine runs a CUDA backward on a thread of its own, where every Python call costs the host more
+    than on the caller's thread (notebook 13), so the backward reuses what the forward worked out: the backward's
+    bound launches, remembered on the forward's prepared problem for each layout of dO (:func:`_bound_backward`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, options):
+        o, lse, prepared = fast.forward_prepared(q, k, v, causal, scale, options)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.prepared = prepared
+        ctx.causal, ctx.scale = causal, scale
+        ctx.options = {key: options[key] for key in BACKWARD_OPTIONS if key in options} if options else options
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        prepared = ctx.prepared
+        if prepared is not None:  # the forward's prepared problem fixes all but dO's strides and the alignments
+            signature = (do.stride(), do.data_ptr() % 16, o.data_ptr() % 16, lse.data_ptr() % 16)
+            run = prepared.backward.get(signature, _UNSEEN)
+            if run is _UNSEEN:  # (dO's shape, dtype and device are o's: the autograd engine checks them)
+                if len(prepared.backward) >= 8:
+                    prepared.backward.clear()
+                run = prepared.backward[signature] = fast_backward.prepared(q, k, v, o, lse, do, ctx.causal,
+                                                                            ctx.scale, ctx.options)
+            if run is not None:
+                return (*run(q, k, v, o, lse, do), None, None, None)
+        dq, dk, dv = fast_backward.attention_backward_fast(q, k, v, o, lse, do, causal=ctx.causal, scale=ctx.scale,
+                                                           **ctx.options)
+        return dq, dk, dv, None, None, None
+
+
+_UNSEEN = object()
 
 
 _LIBRARY.impl("fast_forward", fast_forward, "CompositeExplicitAutograd")
@@ -154,6 +194,8 @@ def attention(q, k, v, causal: bool, scale, options: dict):
             fast_options._check(q.dtype, q.shape[-1], causal, options, same_shapes)
     if not compiling and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return fast.attention_fast(q, k, v, causal=causal, scale=scale, **options)
-    if not compiling and tensors:  # eager: the forward operator's autograd kernel itself, one dispatch less
+    if not compiling and _plain(q, k, v):  # eager: the kernels themselves, through _Eager's autograd
+        return _Eager.apply(q, k, v, causal, scale, options)
+    if not compiling and tensors:  # tensor subclasses: the forward operator's autograd kernel itself
         return _FastForward.apply(q, k, v, causal, scale, encode(options))[0]
     return FORWARD(q, k, v, causal, scale, encode(options))[0]

@@ -230,9 +230,10 @@ def test_fast_backward_gluon_path_host_side(monkeypatch):
 
     def stand_in(q_, k_, v_, lse_, do_, delta_, *, causal, scale):  # fast_backward_gluon.bind: the kernel, bound
 
-        def run(q_, k_, v_, lse_, do_, delta):
+        def run(q_, k_, v_, lse_, do_, delta, dq_acc):
             seen["delta"], seen["scale"] = rel_error(delta, (o.double() * do.double()).sum(-1)), scale
-            return (ref[0] / scale).float(), ref[1].to(q.dtype), ref[2].to(q.dtype)
+            seen["zeroed"] = dq_acc.shape == q.shape and dq_acc.dtype == torch.float32 and not dq_acc.any()
+            return dq_acc + (ref[0] / scale).float(), ref[1].to(q.dtype), ref[2].to(q.dtype)
 
         return run
 
@@ -240,6 +241,7 @@ def test_fast_backward_gluon_path_host_side(monkeypatch):
     monkeypatch.setattr(gluon, "bind", stand_in)
     grads = attention_backward_fast(q, k, v, o, lse64.float(), do, gluon=True)
     assert seen["delta"] < 1e-3 and seen["scale"] == 64 ** -0.5 and max(grad_errors(grads, ref)) < TOL[torch.float16]
+    assert seen["zeroed"]  # dQ's sums arrive zeroed (by the delta kernel), in the inputs' layout
     assert grads[0].dtype == torch.float16
 
 

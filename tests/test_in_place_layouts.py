@@ -65,6 +65,27 @@ def test_delta_reads_strided_outputs(shape):
     assert flat.shape == (B * H, N) and rel_error(flat.view(B, H, N), want) < 1e-6
 
 
+@pytest.mark.parametrize("in_columns", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 17, 16), (1, 2, 100, 64)])
+def test_the_delta_kernel_zeroes_dq_sums_through_their_strides(shape, in_columns):
+    """The Gluon backward adds dQ into float32 sums; bwd_preprocess_fast zeroes them (no launch of their own), for
+    sums laid out as the inputs: contiguous, or (B, N, H, D) memory seen as (B, H, N, D)."""
+    B, H, N, D = shape
+    o, do = fused(B, N, H, D, torch.float32, seed=N + D, parts=2)
+    if not in_columns:
+        o, do = o.contiguous(), do.contiguous()
+    sums = torch.full((B, N, H, D) if in_columns else (B, H, N, D), float("nan"), device=o.device)
+    sums = sums.transpose(1, 2) if in_columns else sums
+    spare = torch.full_like(sums, float("nan"))  # a tensor with the same strides, not given: left as it is
+    run = fast_backward.bind_delta(o, do, sums)
+    got = run(o, do, sums)
+    assert rel_error(got, (o.double() * do.double()).sum(-1)) < 1e-6
+    assert not sums.isnan().any() and not sums.any(), "every sum zeroed"
+    assert spare.isnan().all()
+    run(o, do, spare)
+    assert not spare.any()
+
+
 def test_the_output_is_laid_out_like_the_model_view():
     q, k, v = fused(2, 33, 3, 16, torch.float32, seed=2)
     out = attention_fast(q, k, v, causal=True)

@@ -39,8 +39,8 @@ def _launch_preprocess(o, do, rows):
     delta = torch.full((rows,), float("nan"), dtype=torch.float32, device=o.device)
     block = 64
     launch_cache.launch(bwd_preprocess_fast, ((rows + block - 1) // block, 1),
-                        (o, do, delta, 1, rows, 0, 0, o.stride(0), 0, 0, do.stride(0)),
-                        dict(D=o.shape[-1], D_PAD=o.shape[-1], BLOCK=block))
+                        (o, do, delta, delta, 1, rows, 0, 0, o.stride(0), 0, 0, do.stride(0), 0, 0, 0),
+                        dict(D=o.shape[-1], D_PAD=o.shape[-1], BLOCK=block, ZERO_DQ=False))
     return delta
 
 
@@ -74,5 +74,5 @@ def test_repeated_calls_reuse_one_entry_and_new_specializations_add_one():
 def test_constexprs_that_do_not_match_the_kernel_raise():
     o = torch.randn(32, 64, dtype=torch.float16, device="cuda")
     with pytest.raises(TypeError, match="BLOCK"):
-        launch_cache.launch(bwd_preprocess_fast, (1, 1), (o, o, o, 1, 32, 0, 0, 64, 0, 0, 64),
-                            dict(D=64, D_PAD=64, BLOK=64))
+        launch_cache.launch(bwd_preprocess_fast, (1, 1), (o, o, o, o, 1, 32, 0, 0, 64, 0, 0, 64, 0, 0, 0),
+                            dict(D=64, D_PAD=64, BLOK=64, ZERO_DQ=False))

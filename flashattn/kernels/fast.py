@@ -267,6 +267,7 @@ class Prepared(NamedTuple):
     bnhd_output: bool  # o laid out as (B, L, H, D) memory, like q
     copy: bool  # inputs the kernel cannot read in place: copied (descriptors.tma_ready)
     run: object  # run(q, k, v, o, lse): the launch with the tuner's pick
+    backward: dict  # for ops._Eager: the backward's bound launches by dO's layout (fast_backward.prepared)
 
 
 _PREPARED: dict = {}
@@ -290,7 +291,7 @@ def _prepare(q, k, v, o, causal: bool, scale: float, return_lse: bool, opts: Fas
 
         def run(q, k, v, o, lse):
             launch_triton(q, k, v, o, lse, causal, scale, return_lse, opts)
-    return Prepared(descriptors.model_layout(q), copy, run)
+    return Prepared(descriptors.model_layout(q), copy, run, {})
 
 
 def tuned_config(D: int, dtype: torch.dtype, N: int, H: int, causal: bool, use_tma: bool = True,
@@ -330,6 +331,17 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
     two: 2, or 3 at D = 64, consumer warpgroups per program; like the schedule, it narrows autotuning; None:
     autotuning's pick, or 2 with explicit tiles).
     """
+    o, lse, _ = _forward(q, k, v, causal, scale, return_lse, options)
+    return (o, lse) if return_lse else o
+
+
+def forward_prepared(q, k, v, causal: bool, scale, options: dict):
+    """``attention_fast(..., return_lse=True)``, and this problem's :class:`Prepared` (None on the ordinary path:
+    the interpreter, a launch capture, tensor subclasses): (o, lse, prepared)."""
+    return _forward(q, k, v, causal, scale, True, options)
+
+
+def _forward(q, k, v, causal, scale, return_lse, options):
     key = (problem_key(q, k, v, causal, scale, return_lse, options)
            if runtime.MODE == "gpu" and launch_cache._captured is None else None)
     prepared = _PREPARED.get(key) if key is not None else None
@@ -341,7 +353,20 @@ def attention_fast(q, k, v, *, causal=False, scale=None, return_lse=False, **opt
         if prepared.copy:
             q, k, v = (descriptors.tma_ready(x) for x in (q, k, v))
         prepared.run(q, k, v, o, lse)
-        return (o, lse) if return_lse else o
+        return o, lse, prepared
+    B, Hq, Hkv, L, S, D, scale_value = check_attention_inputs(q, k, v, variant="fast", causal=causal, scale=scale,
+                                                              head_dims=HEAD_DIMS)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"fast: return_lse must be True or False, got {return_lse!r}")
+    opts = resolve(q.dtype, D, causal, options, gluon_shapes=L == S and Hq == Hkv)
+    o = descriptors.empty_in_layout_of(q)  # q a (B, L, H, D) view: o too, so that a model's o.transpose(1, 2) is free
+    lse = torch.empty((B, Hq, L), dtype=torch.float32, device=q.device) if return_lse else o  # o: unused then
+    ran = launch(q, k, v, o, lse, causal, scale_value, return_lse, opts)
+    if key is not None:
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        prepared = _PREPARED[key] = _prepare(q, k, v, o, causal, scale_value, return_lse, ran)
+    return o, lse, prepared
     B, Hq, Hkv, L, S, D, scale_value = check_attention_inputs(q, k, v, variant="fast", causal=causal, scale=scale,
                                                               head_dims=HEAD_DIMS)
     if not isinstance(return_lse, bool):

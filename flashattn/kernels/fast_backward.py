@@ -79,10 +79,13 @@ def _rows(X, row0, start, n_rows, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: t
 
 
 @triton.jit
-def bwd_preprocess_fast(O, DO, DELTA, H, L, stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
-                        D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
+def bwd_preprocess_fast(O, DO, DELTA, DQ_ACC, H, L, stride_ob, stride_oh, stride_on, stride_dob, stride_doh,
+                        stride_don, stride_ab, stride_ah, stride_an,
+                        D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, ZERO_DQ: tl.constexpr):
     """``delta = rowsum(dO ∘ O)`` for BLOCK rows of one head, grid (row blocks, B·H): O and dO (B, H, L, D) through
-    their strides (the last one 1, so that a model's (B, L, H, D) layout is read in place), delta (B, H, L)."""
+    their strides (the last one 1, so that a model's (B, L, H, D) layout is read in place), delta (B, H, L). With
+    ``ZERO_DQ``, the same rows of DQ_ACC (B, H, L, D) float32 are zeroed too, through its strides: the sums that
+    the backward kernel adds dQ into, cleared here rather than by a launch of their own."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     off_b, off_h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
     offs = pid_m * BLOCK + tl.arange(0, BLOCK)
@@ -94,6 +97,9 @@ def bwd_preprocess_fast(O, DO, DELTA, H, L, stride_ob, stride_oh, stride_on, str
                   other=0.0)
     tl.store(DELTA + pid_bh.to(tl.int64) * L + offs, tl.sum(oi.to(tl.float32) * doi.to(tl.float32), axis=1),
              mask=offs < L)
+    if ZERO_DQ:
+        tl.store(DQ_ACC + off_b * stride_ab + off_h * stride_ah + rows * stride_an + offs_d[None, :],
+                 tl.zeros([BLOCK, D_PAD], tl.float32), mask=ok)
 
 
 @triton.jit
@@ -321,9 +327,11 @@ def picked_tiles(kernel: str, **problem) -> tuple | None:
     return None
 
 
-def bind_delta(o: torch.Tensor, do: torch.Tensor):
+def bind_delta(o: torch.Tensor, do: torch.Tensor, sums: torch.Tensor | None = None):
     """:func:`delta_rows` for tensors with the shapes, strides, dtypes and alignment of ``o`` and ``do``: a function
-    ``run(o, do) -> delta`` that launches the compiled kernel directly after its first call."""
+    ``run(o, do) -> delta`` that launches the compiled kernel directly after its first call. With ``sums`` (the
+    backward's float32 sums of dQ, (B, H, L, D) like o): ``run(o, do, sums)``, which also zeroes ``sums``, a tensor
+    with the strides of the one given."""
     D = o.shape[-1]
     D_PAD = padded_head_dim(D)
     shape, device = o.shape[:-1], o.device
@@ -332,14 +340,18 @@ def bind_delta(o: torch.Tensor, do: torch.Tensor):
         o, do = o.contiguous().view(1, 1, -1, D), do.contiguous().view(1, 1, -1, D)
     B, H, L = o.shape[:3]
     block = max(16, min(128, 8192 // D_PAD))
-    kernel = launch_cache.bind(bwd_preprocess_fast, (triton.cdiv(L, block), B * H), dict(D=D, D_PAD=D_PAD, BLOCK=block))
-    tail = (H, L, *o.stride()[:3], *do.stride()[:3])
+    zero_here = sums is not None and in_place and sums.stride(-1) == 1
+    kernel = launch_cache.bind(bwd_preprocess_fast, (triton.cdiv(L, block), B * H),
+                               dict(D=D, D_PAD=D_PAD, BLOCK=block, ZERO_DQ=zero_here))
+    tail = (H, L, *o.stride()[:3], *do.stride()[:3], *(sums.stride()[:3] if zero_here else (0, 0, 0)))
 
-    def run(o, do):
+    def run(o, do, sums=None):
         delta = torch.empty(shape, dtype=torch.float32, device=device)
         if not in_place:
             o, do = o.contiguous().view(1, 1, -1, D), do.contiguous().view(1, 1, -1, D)
-        kernel(o, do, delta, *tail)
+        elif sums is not None and not zero_here:
+            sums.zero_()
+        kernel(o, do, delta, sums if zero_here else delta, *tail)
         return delta
 
     return run
@@ -388,7 +400,14 @@ def _bind_gluon(q, k, v, o, lse, do, causal: bool, scale: float):
     lse_copy = not lse.is_contiguous() or lse.data_ptr() % 16
     if lse_copy:
         lse = lse.clone(memory_format=torch.contiguous_format)
-    delta_run = bind_delta(o, do)
+    B, H, N, D = q.shape
+    sums_shape, in_columns = ((B, N, H, D), True) if descriptors.heads_in_columns(q, k, v, do) else ((B, H, N, D), False)
+
+    def new_sums():  # dQ's float32 sums, laid out as the inputs (fast_backward_gluon.bind); bwd_preprocess zeroes them
+        t = torch.empty(sums_shape, dtype=torch.float32, device=q.device)
+        return t.transpose(1, 2) if in_columns else t
+
+    delta_run = bind_delta(o, do, new_sums())
     delta = torch.empty(o.shape[:-1], dtype=torch.float32, device=o.device)  # (a template: delta_run makes each)
     kernel = fast_backward_gluon.bind(q, k, v, lse, do, delta, causal=causal, scale=scale)
     finish = bind_finish(q.numel(), q.dtype, scale)
@@ -399,14 +418,51 @@ def _bind_gluon(q, k, v, o, lse, do, causal: bool, scale: float):
             q, k, v, do = (descriptors.tma_ready(t) for t in (q, k, v, do))
         if lse_copy:
             lse = lse.clone(memory_format=torch.contiguous_format)
-        delta = delta_run(o, do)
-        dq_acc, dk, dv = kernel(q, k, v, lse, do, delta)
+        sums = new_sums()
+        delta = delta_run(o, do, sums)
+        dq_acc, dk, dv = kernel(q, k, v, lse, do, delta, sums)
         grads = finish(dq_acc), dk, dv
         if copy:  # read in place, the gradients are laid out as the inputs already (descriptors.model_layout)
             grads = tuple(descriptors.in_layout_of(g, x) for g, x in zip(grads, inputs, strict=True))
         return grads
 
     return run
+
+
+def _keyed() -> bool:
+    return runtime.MODE == "gpu" and launch_cache._captured is None
+
+
+def _gluon_run(q, k, v, o, lse, do, causal, scale, options: dict):
+    """The checks, then the Gluon path bound for these tensors (:func:`_bind_gluon`), or None where the Triton
+    kernels run the problem (:func:`gluon_refusal`; ``gluon=True`` there is a ValueError saying why)."""
+    scale = check_inputs(q, k, v, o, lse, do, causal=causal, scale=scale)[-1]
+    opts = resolve_backward(q.dtype, q.shape[-1], options)
+    if opts.gluon is False:
+        return None
+    why_not = gluon_refusal(q, k, v, do, causal, options)
+    if why_not is not None and opts.gluon:
+        raise ValueError(f"fast backward: gluon=True needs {why_not}")
+    return _bind_gluon(q, k, v, o, lse, do, causal, scale) if why_not is None else None
+
+
+_TRITON_PATH = object()  # a prepared problem that the Triton kernels run (its checks passed)
+
+
+def prepared(q, k, v, o, lse, do, causal, scale, options: dict):
+    """This problem's bound Gluon backward, ``run(q, k, v, o, lse, do) -> (dq, dk, dv)``: checked and bound on first
+    use, then kept under its :func:`problem_key`; None where the ordinary path runs it (the Triton kernels, the
+    interpreter, a launch capture, tensor subclasses)."""
+    key = problem_key(q, k, v, o, lse, do, causal, scale, options) if _keyed() else None
+    if key is None:
+        return None
+    run = _PREPARED.get(key)
+    if run is None:
+        run = _gluon_run(q, k, v, o, lse, do, causal, scale, options) or _TRITON_PATH
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[key] = run
+    return None if run is _TRITON_PATH else run
 
 
 def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **options):
@@ -421,29 +477,15 @@ def attention_backward_fast(q, k, v, o, lse, do, *, causal=False, scale=None, **
     ``input_precision`` (float32 only), ``gluon`` (None: ``fast_backward_gluon.py``'s kernel where it applies,
     see :func:`gluon_refusal`; True: that kernel or a ValueError saying why not; False: the Triton kernels).
     """
-    key = (problem_key(q, k, v, o, lse, do, causal, scale, options)
-           if runtime.MODE == "gpu" and launch_cache._captured is None else None)
-    prepared = _PREPARED.get(key) if key is not None else None
-    if prepared is not None:  # this problem's checks passed and its launches are bound
-        return prepared(q, k, v, o, lse, do)
+    run = prepared(q, k, v, o, lse, do, causal, scale, options)
+    if run is None and not _keyed():  # no key (the interpreter, a launch capture): the Gluon path unkept
+        run = _gluon_run(q, k, v, o, lse, do, causal, scale, options)
+    if run is not None:
+        return run(q, k, v, o, lse, do)
     B, HQ, HKV, L, S, D, scale = check_inputs(q, k, v, o, lse, do, causal=causal, scale=scale)
     opts = resolve_backward(q.dtype, D, options)
     D_PAD = padded_head_dim(D)
-    lse_given, lse = lse, lse.contiguous()
-    gluon = False
-    if opts.gluon is not False:
-        why_not = gluon_refusal(q, k, v, do, causal, options)
-        if why_not is not None and opts.gluon:
-            raise ValueError(f"fast backward: gluon=True needs {why_not}")
-        gluon = why_not is None
-
-    if gluon:  # bound once (its first run is this call's), then reused under its key
-        run = _bind_gluon(q, k, v, o, lse_given, do, causal, scale)
-        if key is not None:
-            if len(_PREPARED) >= _MAX_PREPARED:
-                _PREPARED.clear()
-            _PREPARED[key] = run
-        return run(q, k, v, o, lse_given, do)
+    lse = lse.contiguous()
     inputs = q, k, v  # each gradient is laid out as its input (descriptors.model_layout)
 
     q, k, v, o, do = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, o, do))

@@ -225,8 +225,9 @@ def applies(q, k, causal: bool) -> str | None:
 
 def bind(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | None = None):
     """:func:`attention_backward_gluon` for one problem (shapes, strides, dtypes, alignment), bound: a function
-    ``run(q, k, v, lse, do, delta) -> (dq_acc, dk, dv)`` that makes the descriptors from templates and calls the
-    compiled kernel directly after its first call (``launch_cache.bind``)."""
+    ``run(q, k, v, lse, do, delta, dq_acc=None) -> (dq_acc, dk, dv)`` that makes the descriptors from templates and
+    calls the compiled kernel directly after its first call (``launch_cache.bind``). ``dq_acc``: dQ's float32 sums,
+    zeroed, laid out as the inputs (``fast_backward`` has ``bwd_preprocess_fast`` zero them); None: made here."""
     B, H, N, D = q.shape
     in_columns = descriptors.heads_in_columns(q, k, v, do)
     if in_columns is None:
@@ -253,8 +254,10 @@ def bind(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | N
     tail = (N, H, dk.stride(0), dk.stride(1), dk.stride(2), scale * LOG2_E.value, scale)
     rebase = descriptors.rebase
 
-    def run(q, k, v, lse, do, delta):
-        dq_acc, dk, dv = new(torch.float32, zero=True), new(k.dtype), new(v.dtype)
+    def run(q, k, v, lse, do, delta, dq_acc=None):
+        if dq_acc is None:
+            dq_acc = new(torch.float32, zero=True)
+        dk, dv = new(k.dtype), new(v.dtype)
         tensors = (q, k, v, do, lse, delta, dq_acc)
         kernel(*(rebase(t, x) for t, x in zip(templates, tensors, strict=True)), dk, dv, *tail)
         return dq_acc, dk, dv

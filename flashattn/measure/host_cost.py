@@ -12,6 +12,8 @@ arguments, timed back to back in interleaved rounds (median microseconds per cal
   here, under the namespace ``flashattn_host_cost``, only to compare the two ways of registering);
 * ``autograd.Function``: the same forward through ``functional._Attention``, a plain ``torch.autograd.Function``
   (what the drop-in used before it was an operator, and what ``v2`` still uses: invisible to ``torch.compile``);
+* ``eager autograd (the drop-in)``: ``ops._Eager``, what the drop-in calls in eager mode: the kernel function in
+  an autograd node of its own with one output (the log-sum-exp saved, not returned);
 * ``forward + backward (operator)``: a training step's attention through the operator and ``backward``.
 
 On the GPU the launch adds Triton's launcher (``launch_cache`` keeps it to the compiled kernel's own call);
@@ -74,6 +76,7 @@ def layers(q, k, v, causal: bool = True) -> dict:
         "operator": lambda: ops.FORWARD(q, k, v, causal, None, ""),
         "custom_op": lambda: twin(q, k, v, causal, None, ""),
         "autograd.Function": lambda: functional._Attention.apply(q, k, v, "fast", causal, None, {}),
+        "eager autograd (the drop-in)": lambda: ops._Eager.apply(q, k, v, causal, None, {}),
         "forward + backward (operator)": lambda: ops.FORWARD(q, k, v, causal, None, "")[0].backward(q),
     }
 
