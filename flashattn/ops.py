@@ -133,9 +133,9 @@ class _Eager(torch.autograd.Function):
     """Eager calls with gradients on real tensors: the forward and backward kernels themselves, as the operators'
     kernels run them, with one output (lse is saved, not returned, so no gradient for it passes through the
     autograd engine; saved, so that saved-tensor hooks, for offloading or checkpointing, see it). The engine runs
-    a CUDA backward on a thread of its own, where every Python call costs the host more than on the caller's
-    thread (notebook 13), so the backward reuses what the forward worked out: the backward's bound launches,
-    remembered on the forward's prepared problem for each layout of dO (``fast_backward.prepared``)."""
+    a CUDA backward on a thread of its own, handed over from the caller's on every step (notebook 13), so the
+    backward does as little Python as it can: it reuses the backward's bound launches, remembered on the forward's
+    prepared problem for each layout of dO (``fast_backward.prepared``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, options):

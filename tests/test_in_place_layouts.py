@@ -139,3 +139,23 @@ def test_a_prepared_problem_is_right_on_new_data_on_gpu():
         assert rel_error(out, ref) < TOL[torch.float16], seed
         for got, want in zip((q.grad, k.grad, v.grad), (q64.grad, k64.grad, v64.grad), strict=True):
             assert rel_error(got, want) < 4 * TOL[torch.float16], seed
+
+
+@HOPPER
+def test_the_backward_is_right_for_each_layout_of_do_on_gpu():
+    """The eager drop-in keeps the backward's bound launches on the forward's prepared problem, one per layout of dO
+    (its strides and alignment). dO laid out as (B, H, N, D), as (B, N, H, D) memory seen through transpose, and
+    contiguous again, on the same forward problem: each backward must be right, none reusing another's launch."""
+    B, N, H, D = 2, 256, 4, 64
+    layouts = {"contiguous": lambda t: t.contiguous(),
+               "(B, N, H, D) view": lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)}
+    for step, name in enumerate(("contiguous", "(B, N, H, D) view", "contiguous", "(B, N, H, D) view")):
+        q, k, v = (t.detach().requires_grad_() for t in fused(B, N, H, D, torch.float16, seed=10 + step))
+        out = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+        do = layouts[name](torch.randn_like(out))
+        assert do.is_contiguous() == (name == "contiguous")
+        out.backward(do)
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, is_causal=True).backward(do.double())
+        for got, want in zip((q.grad, k.grad, v.grad), (q64.grad, k64.grad, v64.grad), strict=True):
+            assert rel_error(got, want) < 4 * TOL[torch.float16], (step, name)
