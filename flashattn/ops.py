@@ -31,8 +31,9 @@ variant="fast", **options)`` as ``"block_m=64;num_warps=4"`` (:func:`encode`), e
 backward gets only the options it follows (:data:`BACKWARD_OPTIONS`).
 
 :func:`attention` is what ``flashattn.attention(..., variant="fast")`` and the drop-in call: eagerly, without
-gradients, the kernel function itself (no operator to dispatch through); eagerly with gradients, the forward
-operator's autograd kernel (what the dispatcher would call for it); under ``torch.compile``, the operator. While
+gradients, the kernel function itself (no operator to dispatch through); eagerly with gradients on real tensors,
+:class:`_Eager`, an autograd node around the same kernel functions with one output (tensor subclasses: the forward
+operator's autograd kernel, what the dispatcher would call for it); under ``torch.compile``, the operator. While
 ``torch.compile`` traces, it first runs the kernel's input checks in Python, so that a bad input raises the
 same ``ValueError`` or ``TypeError`` as in eager (Dynamo falls back to eager for the frame that raises; with
 ``fullgraph=True`` Dynamo reports it as ``Unsupported`` carrying that message: it never lets an exception out
