@@ -138,7 +138,7 @@ def test_choose_num_splits():
     # blocks in each
     want = 132 * decode.PROGRAMS_PER_SM
     assert decode.choose_num_splits(8, 10_000, 132) == want // 8
-    assert decode.choose_num_splits(32, 10_000, 132) * 32 <= want  # never a program past the wave (32·9 > 264)
+    assert decode.choose_num_splits(32, 10_000, 132) * 32 <= want  # never a program past the wave
     assert decode.choose_num_splits(want - 1, 10_000, 132) == 1  # one short of a wave: no split
     assert decode.choose_num_splits(8, 2 * decode.MIN_BLOCKS_PER_SPLIT, 132) == 2  # a short cache
     assert decode.choose_num_splits(want, 10_000, 132) == 1  # enough programs already
@@ -156,6 +156,25 @@ def test_tile_configs_fit_the_shared_memory():
     # a paged cache gets the deeper pipeline that keeps as many tiles in flight (decode.paged_stages)
     flat, paged = (decode.make_plan(1, 1, 32, 8, 128, 4096, torch.float16, 0, DEV, (64, 4, 3), p) for p in (0, 1))
     assert (flat.num_stages, paged.num_stages) == (3, 5)
+
+
+def test_one_split_tiles(monkeypatch):
+    # unsplit launches of long 16-bit caches take ONE_SPLIT_TILES where they fit; anything else keeps the default
+    monkeypatch.setattr(decode.runtime, "MODE", "gpu")
+    wide, default = decode.ONE_SPLIT_TILES[128], (64, 4, 3)
+    long, short = decode.ONE_SPLIT_MIN_KEYS, decode.ONE_SPLIT_MIN_KEYS - 1
+    assert decode.one_split_tiles(128, torch.float16, long, None, False, 16, default) == wide
+    assert decode.one_split_tiles(128, torch.bfloat16, long, 228 * 1024, False, 16, default) == wide
+    assert decode.one_split_tiles(128, torch.float16, short, None, False, 16, default) == default
+    assert decode.one_split_tiles(128, torch.float32, long, None, False, 16, default) == default
+    assert decode.one_split_tiles(64, torch.float16, long, None, False, 16, default) == default  # not measured
+    small = decode.shared_bytes(wide, 128, 2) - 1  # a device where the wide tiles do not fit (a T4: 64 KiB)
+    assert decode.one_split_tiles(128, torch.float16, long, small, False, 16, default) == default
+    # paged: the deeper pipeline of paged_stages, for the wide tiles as for the default
+    assert decode.one_split_tiles(128, torch.float16, long, None, True, 16, default) == (128, 4, 5)
+    assert decode.one_split_tiles(128, torch.float16, short, None, True, 16, default) == (64, 4, 5)
+    monkeypatch.setattr(decode.runtime, "MODE", "interpreter")  # the interpreter's tiles stay its own
+    assert decode.one_split_tiles(128, torch.float16, long, None, False, 16, (32, 4, 1)) == (32, 4, 1)
 
 
 @given(B=st.integers(1, 3), Lq=st.integers(1, 3), group=st.sampled_from([1, 2, 3]), Hkv=st.integers(1, 2),

@@ -53,11 +53,21 @@ FLOAT32_TILES = [(32, 4, 2), (64, 4, 2), (16, 4, 2)]  # float32: CUDA-core dots 
 INTERPRETER_TILES = (32, 4, 1)  # the CPU interpreter: few, wide steps run faster
 MAX_BLOCK_M = 64  # rows (query heads × queries) per program; more rows: more programs
 
+# Without splits, a cache of ONE_SPLIT_MIN_KEYS keys or more is read in wider steps: tools/gpu/decode/waves.py on the
+# H200 (2026-12-03, fp16, D = 128, full caches of 4k-128k keys, 512 programs: B = 16 with 32/32 heads, B = 64 with
+# 32/8) read them with (128, 4, 3) at 98-105 % of the copy bandwidth against 85-91 % with TILES[128]'s default; at
+# 1k keys the two were level. Only where it fits the device's shared memory (with a block table, at the deepest
+# pipeline that fits: see paged_stages).
+ONE_SPLIT_TILES = {128: (128, 4, 3)}
+ONE_SPLIT_MIN_KEYS = 4096
+
 # The number of splits when num_splits=0 (:func:`choose_num_splits`): as many programs as fit PROGRAMS_PER_SM on
-# every SM at once (one wave), each with at least MIN_BLOCKS_PER_SPLIT key blocks. Rounded down from the curve of
-# decode_vs_sdpa's recording of 2026-12-02T03:29 on the H200 (split_curve), where a grid a little past one wave read
-# the cache more slowly (9 splits against 8 at 32 programs per split); SPLIT_CURVE times 9 again in every recording.
-PROGRAMS_PER_SM = 2
+# every SM at once (one wave), each with at least MIN_BLOCKS_PER_SPLIT key blocks. From tools/gpu/decode/waves.py
+# and decode_vs_sdpa's split_curve on the H200: one program per SM read the cache as fast as two or faster (B = 1,
+# 32/8 heads: 16 splits against 32 or 33), a grid a little past one wave more slowly (9 splits against 8 at 32
+# programs per split), and splitting a grid that already fills the SMs once (128 programs, caches of 1k-4k keys)
+# only added the merge's launch (about 5 us) to a split kernel no faster than the unsplit one.
+PROGRAMS_PER_SM = 1
 MIN_BLOCKS_PER_SPLIT = 4
 INTERPRETER_SM_COUNT = 4  # no GPU: a nominal SM count, so that the rule still splits small problems
 
@@ -278,19 +288,36 @@ def paged_stages(num_stages: int) -> int:
     return 2 * num_stages - 1
 
 
+def one_split_tiles(D: int, dtype: torch.dtype, capacity: int, shared_memory: int | None, paged: bool,
+                    block_m: int, default: tuple) -> tuple:
+    """The tiles of an unsplit launch, with the stages to launch with: ONE_SPLIT_TILES for 16-bit caches of
+    ONE_SPLIT_MIN_KEYS keys or more where they fit ``shared_memory``, else ``default``; with ``paged``, num_stages
+    as :func:`paged_stages` says (which keeps the contiguous launch's tiles in flight, so its shared memory)."""
+    wide = ONE_SPLIT_TILES.get(padded_head_dim(D))
+    size = torch.finfo(dtype).bits // 8
+    fits = wide is not None and (shared_memory is None or shared_bytes(wide, D, size, block_m) <= shared_memory)
+    use = wide if fits and dtype != torch.float32 and capacity >= ONE_SPLIT_MIN_KEYS and runtime.MODE == "gpu" \
+        else default
+    block_n, num_warps, num_stages = use
+    return block_n, num_warps, paged_stages(num_stages) if paged and num_stages > 1 else num_stages
+
+
 @functools.cache
 def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: torch.dtype, num_splits: int,
               device: torch.device, tiles: tuple | None = None, paged: bool = False) -> Plan:
     """The launch of one problem (cached: the host's time per call matters when the cache is short)."""
     sm_count, shared_memory = _device_facts(device)
     block_n, num_warps, num_stages = tiles or tile_configs(D, dtype, shared_memory)[0]
-    if paged and num_stages > 1:
-        num_stages = paged_stages(num_stages)
     rows = (Hq // Hkv) * Lq
     block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
     row_blocks = triton.cdiv(rows, block_m)
     if num_splits == 0:
         num_splits = choose_num_splits(B * Hkv * row_blocks, triton.cdiv(capacity, block_n), sm_count)
+    if tiles is None and num_splits == 1:
+        block_n, num_warps, num_stages = one_split_tiles(D, dtype, capacity, shared_memory, paged, block_m,
+                                                         (block_n, num_warps, num_stages))
+    elif paged and num_stages > 1:
+        num_stages = paged_stages(num_stages)
     block_s = triton.next_power_of_2(num_splits)
     merge_warps = min(16, max(1, block_s * padded_head_dim(D) // 1024))
     return Plan(block_m, block_n, num_warps, num_stages, row_blocks, num_splits, merge_warps)
