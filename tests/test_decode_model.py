@@ -50,7 +50,7 @@ def test_full_grid_leaves_out_only_the_largest_cache():
 
 def test_decode_table_code_path():
     grid = dict(batches=(1,), contexts=(64,), heads=((4, 2), (4, 4)), D=16, dtypes=("float16",))
-    table = measure.decode_table(grid, timer=measure.wall_timer, rounds=1, copy_gbps=1.0, flex=False, page_size=16,
+    table = measure.decode_table(grid, timer=measure.wall_timer, rounds=1, copy_gbps=1.0, page_size=16,
                                  max_bytes=measure.cache_bytes(1, 64, 2, 16, 2))
     (row,), (skipped,) = table["rows"], table["skipped"]
     assert (row["Hkv"], skipped["Hkv"]) == (2, 4) and "cache" in skipped["reason"]
@@ -60,6 +60,27 @@ def test_decode_table_code_path():
     curve = measure.split_curve(((1, 2, 64),), "float16", (1, 2), device=runtime.DEVICE, copy_gbps=1.0,
                                 timer=measure.wall_timer, rounds=1, D=16, page_size=16)
     assert curve[0]["splits"] == [1, 2] and len(curve[0]["share"]) == 2 and curve[0]["rule"] >= 1
+
+
+def test_flex_pass_code_path(monkeypatch):
+    # FlexAttention is timed after the table, beside SDPA timed again, on FLEX_CELLS' rows only (a stand-in
+    # computes it here: compiling FlexAttention on the CPU is not what is tested)
+    monkeypatch.setitem(measure.FLEX_CELLS, "batches", (1,))
+    monkeypatch.setitem(measure.FLEX_CELLS, "contexts", (64,))
+    grid = dict(batches=(1, 2), contexts=(64,), heads=((4, 2),), D=16, dtypes=("float16",))
+    table = measure.decode_table(grid, timer=measure.wall_timer, rounds=1, copy_gbps=1.0, page_size=16)
+    assert not any("flex" in row["ms"] for row in table["rows"])
+
+    def stand_in(q, k, v, enable_gqa):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa)
+
+    done = measure.flex_pass(table["rows"], timer=measure.wall_timer, rounds=2, page_size=16, copy_gbps=1.0,
+                             flex_fn=stand_in)
+    one, two = table["rows"]
+    assert done == 1 and "flex" in one["ms"] and "flex" not in two["ms"]
+    assert len(one["ms_rounds"]["flex"]) == 2 and one["rel_error"]["flex"] < 3e-3
+    assert one["vs_sdpa"]["flex"] == one["sdpa_beside_flex_ms"] / one["ms"]["flex"]
+    assert one["share"]["flex"] == one["gbps"]["flex"]
 
 
 def test_generation_measurement_code_path():
