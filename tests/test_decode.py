@@ -163,18 +163,23 @@ def test_one_split_tiles(monkeypatch):
     monkeypatch.setattr(decode.runtime, "MODE", "gpu")
     wide, default = decode.ONE_SPLIT_TILES[128], (64, 4, 3)
     long, short = decode.ONE_SPLIT_MIN_KEYS, decode.ONE_SPLIT_MIN_KEYS - 1
-    assert decode.one_split_tiles(128, torch.float16, long, None, False, 16, default) == wide
-    assert decode.one_split_tiles(128, torch.bfloat16, long, 228 * 1024, False, 16, default) == wide
-    assert decode.one_split_tiles(128, torch.float16, short, None, False, 16, default) == default
-    assert decode.one_split_tiles(128, torch.float32, long, None, False, 16, default) == default
-    assert decode.one_split_tiles(64, torch.float16, long, None, False, 16, default) == default  # not measured
+    assert decode.one_split_tiles(128, torch.float16, long, None, 16, default) == wide
+    assert decode.one_split_tiles(128, torch.bfloat16, long, 228 * 1024, 16, default) == wide
+    assert decode.one_split_tiles(128, torch.float16, short, None, 16, default) == default
+    assert decode.one_split_tiles(128, torch.float32, long, None, 16, default) == default
+    assert decode.one_split_tiles(64, torch.float16, long, None, 16, default) == default  # not measured
     small = decode.shared_bytes(wide, 128, 2) - 1  # a device where the wide tiles do not fit (a T4: 64 KiB)
-    assert decode.one_split_tiles(128, torch.float16, long, small, False, 16, default) == default
+    assert decode.one_split_tiles(128, torch.float16, long, small, 16, default) == default
     # paged: the deeper pipeline of paged_stages, for the wide tiles as for the default
-    assert decode.one_split_tiles(128, torch.float16, long, None, True, 16, default) == (128, 4, 5)
-    assert decode.one_split_tiles(128, torch.float16, short, None, True, 16, default) == (64, 4, 5)
+    decode.make_plan.cache_clear()  # plans made here, as on a GPU, must not outlive the test
+    try:
+        plans = {S: decode.make_plan(1, 1, 32, 32, 128, S, torch.float16, 1, DEV, None, True) for S in (long, short)}
+        assert (plans[long].block_n, plans[long].num_warps, plans[long].num_stages) == (128, 4, 5)
+        assert (plans[short].block_n, plans[short].num_warps, plans[short].num_stages) == (64, 4, 5)  # the default
+    finally:
+        decode.make_plan.cache_clear()
     monkeypatch.setattr(decode.runtime, "MODE", "interpreter")  # the interpreter's tiles stay its own
-    assert decode.one_split_tiles(128, torch.float16, long, None, False, 16, (32, 4, 1)) == (32, 4, 1)
+    assert decode.one_split_tiles(128, torch.float16, long, None, 16, (32, 4, 1)) == (32, 4, 1)
 
 
 @given(B=st.integers(1, 3), Lq=st.integers(1, 3), group=st.sampled_from([1, 2, 3]), Hkv=st.integers(1, 2),

@@ -56,8 +56,8 @@ MAX_BLOCK_M = 64  # rows (query heads × queries) per program; more rows: more p
 # Without splits, a cache of ONE_SPLIT_MIN_KEYS keys or more is read in wider steps: tools/gpu/decode/waves.py on the
 # H200 (2026-12-03, fp16, D = 128, full caches of 4k-128k keys, 512 programs: B = 16 with 32/32 heads, B = 64 with
 # 32/8) read them with (128, 4, 3) at 98-105 % of the copy bandwidth against 85-91 % with TILES[128]'s default; at
-# 1k keys the two were level. Only where it fits the device's shared memory (with a block table, at the deepest
-# pipeline that fits: see paged_stages).
+# 1k keys the two were level. Only where it fits the device's shared memory (with a block table, with the deeper
+# pipeline of paged_stages, as every launch).
 ONE_SPLIT_TILES = {128: (128, 4, 3)}
 ONE_SPLIT_MIN_KEYS = 4096
 
@@ -288,18 +288,15 @@ def paged_stages(num_stages: int) -> int:
     return 2 * num_stages - 1
 
 
-def one_split_tiles(D: int, dtype: torch.dtype, capacity: int, shared_memory: int | None, paged: bool,
-                    block_m: int, default: tuple) -> tuple:
-    """The tiles of an unsplit launch, with the stages to launch with: ONE_SPLIT_TILES for 16-bit caches of
-    ONE_SPLIT_MIN_KEYS keys or more where they fit ``shared_memory``, else ``default``; with ``paged``, num_stages
-    as :func:`paged_stages` says (which keeps the contiguous launch's tiles in flight, so its shared memory)."""
+def one_split_tiles(D: int, dtype: torch.dtype, capacity: int, shared_memory: int | None, block_m: int,
+                    default: tuple) -> tuple:
+    """The tiles of an unsplit launch: ONE_SPLIT_TILES for 16-bit caches of ONE_SPLIT_MIN_KEYS keys or more where
+    they fit ``shared_memory``, else ``default``."""
     wide = ONE_SPLIT_TILES.get(padded_head_dim(D))
-    size = torch.finfo(dtype).bits // 8
-    fits = wide is not None and (shared_memory is None or shared_bytes(wide, D, size, block_m) <= shared_memory)
-    use = wide if fits and dtype != torch.float32 and capacity >= ONE_SPLIT_MIN_KEYS and runtime.MODE == "gpu" \
-        else default
-    block_n, num_warps, num_stages = use
-    return block_n, num_warps, paged_stages(num_stages) if paged and num_stages > 1 else num_stages
+    if wide is None or dtype == torch.float32 or capacity < ONE_SPLIT_MIN_KEYS or runtime.MODE != "gpu":
+        return default
+    fits = shared_memory is None or shared_bytes(wide, D, torch.finfo(dtype).bits // 8, block_m) <= shared_memory
+    return wide if fits else default
 
 
 @functools.cache
@@ -314,9 +311,9 @@ def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: 
     if num_splits == 0:
         num_splits = choose_num_splits(B * Hkv * row_blocks, triton.cdiv(capacity, block_n), sm_count)
     if tiles is None and num_splits == 1:
-        block_n, num_warps, num_stages = one_split_tiles(D, dtype, capacity, shared_memory, paged, block_m,
+        block_n, num_warps, num_stages = one_split_tiles(D, dtype, capacity, shared_memory, block_m,
                                                          (block_n, num_warps, num_stages))
-    elif paged and num_stages > 1:
+    if paged and num_stages > 1:
         num_stages = paged_stages(num_stages)
     block_s = triton.next_power_of_2(num_splits)
     merge_warps = min(16, max(1, block_s * padded_head_dim(D) // 1024))

@@ -140,10 +140,11 @@ def wall_timer(fn) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def measure_cell(cell: dict, p: dict, *, copy_gbps: float, timer, rounds: int, flex=None) -> dict:
+def measure_cell(cell: dict, p: dict, *, copy_gbps: float, timer, rounds: int, flex=None, names=None) -> dict:
     """One row of ``decode_vs_sdpa``: times, GB/s, share of the copy bandwidth, ratio to SDPA, and each output's
-    relative error against the float64 reference on the first sequence's first group of query heads."""
-    fns = kernels(p, flex)
+    relative error against the float64 reference on the first sequence's first group of query heads. ``names``:
+    only those of :func:`kernels` (None: all)."""
+    fns = {name: fn for name, fn in kernels(p, flex).items() if names is None or name in names}
     row = {**cell, "ms": {}, "gbps": {}, "share": {}, "vs_sdpa": {}, "rel_error": {}, "errors": {}}
     group = cell["Hq"] // cell["Hkv"]
     sl = (slice(0, 1), slice(None), slice(0, group))
@@ -220,9 +221,10 @@ def flex_pass(rows: list, *, device=None, timer=gpu_timer, rounds: int = ROUNDS,
               copy_gbps: float, flex_fn=None, progress=None) -> int:
     """FlexAttention on the rows of FLEX_CELLS, timed after everything else, in interleaved rounds beside SDPA
     (timed again here: ``vs_sdpa['flex']`` is against SDPA's time in this pass, ``sdpa_beside_flex_ms``). It comes
-    last because compiling it leaves the process slower at issuing Python calls: in the recording of 2026-12-03
-    07:43, timed cell by cell after Flex's first compile, attention_with_kvcache's and fast's short calls took up to
-    three times their earlier recording's time, SDPA's (C++) did not change. Returns the number of rows timed."""
+    last because in the recording of 2026-12-03 07:43, where it was timed cell by cell with the others, the short
+    calls of attention_with_kvcache and fast after its first compile took up to three times their earlier
+    recording's time and SDPA's (C++) did not change; the compiled FlexAttention in the process is the likeliest
+    cause, not measured apart. Returns the number of rows timed."""
     device = runtime.DEVICE if device is None else device
     flex_fn = _flex() if flex_fn is None else flex_fn
     if flex_fn is None:
@@ -233,24 +235,16 @@ def flex_pass(rows: list, *, device=None, timer=gpu_timer, rounds: int = ROUNDS,
                 and row["dtype"] in FLEX_CELLS["dtypes"]) or spent >= FLEX_BUDGET_S:
             continue
         t0 = time.perf_counter()
-        p = make_problem(row, device, page_size=page_size)
-        fns = kernels(p, flex_fn)
-        fns = {"sdpa": fns["sdpa"], "flex": fns["flex"]}
-        group = row["Hq"] // row["Hkv"]
-        sl = (slice(0, 1), slice(None), slice(0, group))
-        ref = reference_with_kvcache(p["q"][sl], p["k"][:1, :, :1], p["v"][:1, :, :1], row["S"]).double()
-        try:
-            row["rel_error"]["flex"] = rel_error(fns["flex"]()[sl], ref)
-        except Exception as err:  # noqa: BLE001 - a kernel that cannot run this cell is a result too
-            row["errors"]["flex"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        cell = {key: row[key] for key in ("dtype", "B", "S", "Hq", "Hkv", "D", "Lq", "cache_bytes")}
+        p = make_problem(cell, device, page_size=page_size)
+        beside = measure_cell(cell, p, copy_gbps=copy_gbps, timer=timer, rounds=rounds, flex=flex_fn,
+                              names=("sdpa", "flex"))
+        if "flex" in beside["errors"]:
+            row["errors"]["flex"] = beside["errors"]["flex"]
         else:
-            times = time_interleaved(fns, rounds, timer)
-            row["ms_rounds"]["flex"] = times["flex"]
-            ms = row["ms"]["flex"] = statistics.median(times["flex"])
-            row["sdpa_beside_flex_ms"] = statistics.median(times["sdpa"])
-            row["gbps"]["flex"] = row["cache_bytes"] / (ms * 1e-3) / 1e9
-            row["share"]["flex"] = row["gbps"]["flex"] / copy_gbps
-            row["vs_sdpa"]["flex"] = row["sdpa_beside_flex_ms"] / ms
+            for key in ("ms", "ms_rounds", "gbps", "share", "vs_sdpa", "rel_error"):
+                row[key]["flex"] = beside[key]["flex"]
+            row["sdpa_beside_flex_ms"] = beside["ms"]["sdpa"]
             done += 1
             if progress:
                 progress(format_row(row))
@@ -282,8 +276,9 @@ def decode_vs_sdpa() -> dict:
                        f"{REP_MS} ms, L2 flushed before each call); GB/s = K and V bytes / median time; share = GB/s / "
                        "the copy bandwidth measured at the start of this run; rel_error on the first sequence's "
                        "first group of query heads against the float64 reference; FlexAttention timed last, after "
-                       "every other kernel and the split curve (compiling it slows the process's Python calls), "
-                       "beside SDPA timed again (vs_sdpa['flex'] against that, sdpa_beside_flex_ms)")
+                       "every other kernel and the split curve (see flex_pass: the short calls issued from Python "
+                       "were slower after its compile), beside SDPA timed again (vs_sdpa['flex'] against that, "
+                       "sdpa_beside_flex_ms)")
     return result
 
 
