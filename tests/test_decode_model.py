@@ -57,9 +57,49 @@ def test_decode_table_code_path():
     assert set(row["ms"]) == {"flashattn", "flashattn_paged", "sdpa", "fast"} and not row["errors"]
     assert all(err < 3e-3 for err in row["rel_error"].values())
     assert row["share"]["sdpa"] == row["gbps"]["sdpa"] and set(row["vs_sdpa"]) == set(row["ms"]) - {"sdpa"}
+    assert "graph" not in row  # no capture given: calls only
     curve = measure.split_curve(((1, 2, 64),), "float16", (1, 2), device=runtime.DEVICE, copy_gbps=1.0,
                                 timer=measure.wall_timer, rounds=1, D=16, page_size=16)
     assert curve[0]["splits"] == [1, 2] and len(curve[0]["share"]) == 2 and curve[0]["rule"] >= 1
+    assert "graph_ms" not in curve[0]
+
+
+def test_replays_are_timed_beside_the_calls_and_a_failed_capture_is_recorded():
+    # a stand-in for cuda_graph_replay (no CUDA graphs on the CPU): the "replay" is the call itself, and the second
+    # capture fails; each timing is a distinct number, so that a replay's time cannot be taken for its call's
+    captured, clock = [], iter(range(1, 1000))
+
+    def capture(fn):
+        captured.append(fn)
+        if len(captured) == 2:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+        def replay():
+            return ("replay", fn)
+        return replay
+
+    def timer(fn):
+        fn()
+        return float(next(clock))
+
+    cell = dict(dtype="float16", B=1, S=64, Hq=4, Hkv=2, D=16, Lq=1, cache_bytes=measure.cache_bytes(1, 64, 2, 16, 2))
+    p = measure.make_problem(cell, runtime.DEVICE, page_size=16)
+    row = measure.measure_cell(cell, p, copy_gbps=1.0, timer=timer, rounds=2, capture=capture)
+    names = list(measure.kernels(p))
+    failed = names[1]
+    graph = row["graph"]
+    assert graph["errors"] == {failed: "RuntimeError: operation not permitted when stream is capturing"}
+    assert set(graph["ms"]) == set(names) - {failed} and set(row["ms"]) == set(names)
+    assert all(len(t) == 2 for t in graph["ms_rounds"].values())
+    every = [t for r in (row["ms_rounds"], graph["ms_rounds"]) for times in r.values() for t in times]
+    assert sorted(every) == list(range(1, len(every) + 1))  # calls and replays in one set of interleaved rounds
+    assert graph["vs_sdpa"]["flashattn"] == graph["ms"]["sdpa"] / graph["ms"]["flashattn"]
+    assert graph["share"]["sdpa"] == cell["cache_bytes"] / (graph["ms"]["sdpa"] * 1e-3) / 1e9
+    assert "replayed: flashattn" in measure.format_row(row)
+    curve = measure.split_curve(((1, 2, 64),), "float16", (1, 2), device=runtime.DEVICE, copy_gbps=1.0,
+                                timer=timer, rounds=1, D=16, page_size=16, capture=lambda fn: fn)
+    assert len(curve[0]["graph_ms"]) == len(curve[0]["ms"]) == len(curve[0]["splits"])
+    assert set(curve[0]["graph_ms"]).isdisjoint(curve[0]["ms"])
 
 
 def test_flex_pass_code_path(monkeypatch):
@@ -81,6 +121,14 @@ def test_flex_pass_code_path(monkeypatch):
     assert len(one["ms_rounds"]["flex"]) == 2 and one["rel_error"]["flex"] < 3e-3
     assert one["vs_sdpa"]["flex"] == one["sdpa_beside_flex_ms"] / one["ms"]["flex"]
     assert one["share"]["flex"] == one["gbps"]["flex"]
+
+    replayed = measure.decode_table(grid, timer=measure.wall_timer, rounds=1, copy_gbps=1.0, page_size=16,
+                                    capture=lambda fn: fn)
+    measure.flex_pass(replayed["rows"], timer=measure.wall_timer, rounds=1, page_size=16, copy_gbps=1.0,
+                      flex_fn=stand_in, capture=lambda fn: fn)
+    graph = replayed["rows"][0]["graph"]
+    assert "flex" in graph["ms"] and graph["vs_sdpa"]["flex"] == graph["sdpa_beside_flex_ms"] / graph["ms"]["flex"]
+    assert "flex" not in replayed["rows"][1]["graph"]["ms"]
 
 
 def test_generation_measurement_code_path():

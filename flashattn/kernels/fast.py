@@ -367,16 +367,3 @@ def _forward(q, k, v, causal, scale, return_lse, options):
             _PREPARED.clear()
         prepared = _PREPARED[key] = _prepare(q, k, v, o, causal, scale_value, return_lse, ran)
     return o, lse, prepared
-    B, Hq, Hkv, L, S, D, scale_value = check_attention_inputs(q, k, v, variant="fast", causal=causal, scale=scale,
-                                                              head_dims=HEAD_DIMS)
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"fast: return_lse must be True or False, got {return_lse!r}")
-    opts = resolve(q.dtype, D, causal, options, gluon_shapes=L == S and Hq == Hkv)
-    o = descriptors.empty_in_layout_of(q)  # q a (B, L, H, D) view: o too, so that a model's o.transpose(1, 2) is free
-    lse = torch.empty((B, Hq, L), dtype=torch.float32, device=q.device) if return_lse else o  # o: unused then
-    ran = launch(q, k, v, o, lse, causal, scale_value, return_lse, opts)
-    if key is not None:
-        if len(_PREPARED) >= _MAX_PREPARED:
-            _PREPARED.clear()
-        _PREPARED[key] = _prepare(q, k, v, o, causal, scale_value, return_lse, ran)
-    return (o, lse) if return_lse else o

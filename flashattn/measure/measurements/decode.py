@@ -7,8 +7,11 @@ and FlexAttention, as a share of the copy bandwidth; the number of splits; token
   in shuffled pages, SDPA on the contiguous cache (q and the cache as (B, H, ·, D) views), ``fast`` (one program
   per (batch, query head): no splits) and, where torch has it, FlexAttention (compiled; its decoding kernel), on
   some cells. GB/s counts the cache's bytes (K and V, read once) over the median time; the share is of the copy
-  bandwidth measured at the start of the run (bytes read + written per second by a device-to-device copy). Also
-  the time against num_splits at a few shapes (the curve the rule is set from).
+  bandwidth measured at the start of the run (bytes read + written per second by a device-to-device copy). Every
+  kernel is timed twice in the same rounds: called (``ms``: do_bench of the Python call, so a call whose host work
+  outlasts the GPU's shows the host's time) and replayed from a CUDA graph (``graph``: the GPU's time alone, as an
+  inference server runs its decoding step). Also the time against num_splits at a few shapes (the curve the rule
+  is set from), both ways.
 * ``decode_generation``: the small GPT of notebook 13, larger (Llama-like heads), generating greedily with a KV
   cache through ``attention_with_kvcache`` and through the same loop on SDPA: ms per step and tokens per second
   at a long context, and the tokens of both loops and of generation without a cache compared (float32).
@@ -133,6 +136,21 @@ def gpu_timer(fn) -> float:
     return bench.time_ms(fn, warmup=WARMUP_MS, rep=REP_MS)
 
 
+def cuda_graph_replay(fn):
+    """``fn`` captured in a CUDA graph: returns its replay, a function of no arguments that runs the captured kernels
+    without any of the host's Python, as an inference server replays its decoding step. ``fn`` has run before (its
+    kernels are compiled); it runs once more on a side stream before the capture, as ``torch.cuda.graphs`` advises."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def wall_timer(fn) -> float:
     """For the interpreter (tests, stand-ins): one call's wall-clock time, meaning nothing about a GPU."""
     t0 = time.perf_counter()
@@ -140,10 +158,29 @@ def wall_timer(fn) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def measure_cell(cell: dict, p: dict, *, copy_gbps: float, timer, rounds: int, flex=None, names=None) -> dict:
+def _timings(cell: dict, rounds_by_name: dict, copy_gbps: float) -> dict:
+    """ms (median), GB/s, share of the copy bandwidth and ratio to SDPA of each name's rounds."""
+    out = {"ms": {}, "gbps": {}, "share": {}, "vs_sdpa": {}, "ms_rounds": rounds_by_name}
+    for name, times in rounds_by_name.items():
+        ms = out["ms"][name] = statistics.median(times)
+        out["gbps"][name] = cell["cache_bytes"] / (ms * 1e-3) / 1e9
+        out["share"][name] = out["gbps"][name] / copy_gbps
+    for name, ms in out["ms"].items():
+        if "sdpa" in out["ms"] and name != "sdpa":
+            out["vs_sdpa"][name] = out["ms"]["sdpa"] / ms
+    return out
+
+
+def measure_cell(cell: dict, p: dict, *, copy_gbps: float, timer, rounds: int, flex=None, names=None,
+                 capture=None) -> dict:
     """One row of ``decode_vs_sdpa``: times, GB/s, share of the copy bandwidth, ratio to SDPA, and each output's
     relative error against the float64 reference on the first sequence's first group of query heads. ``names``:
-    only those of :func:`kernels` (None: all)."""
+    only those of :func:`kernels` (None: all).
+
+    With ``capture`` (:func:`cuda_graph_replay` on the GPU: a function that turns a call into a replay of it), every
+    kernel is also timed as a replay, in the same interleaved rounds as the calls themselves: ``row["graph"]`` has
+    the same keys (``ms``, ``gbps``, ``share``, ``vs_sdpa``, ``ms_rounds``, ``errors``) for the replays. A call's
+    time includes whatever of the host's time the GPU waits for; a replay's is the GPU's alone."""
     fns = {name: fn for name, fn in kernels(p, flex).items() if names is None or name in names}
     row = {**cell, "ms": {}, "gbps": {}, "share": {}, "vs_sdpa": {}, "rel_error": {}, "errors": {}}
     group = cell["Hq"] // cell["Hkv"]
@@ -155,14 +192,17 @@ def measure_cell(cell: dict, p: dict, *, copy_gbps: float, timer, rounds: int, f
         except Exception as err:  # noqa: BLE001 - a kernel that cannot run this cell is a result too
             row["errors"][name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             del fns[name]
-    row["ms_rounds"] = time_interleaved(fns, rounds, timer)
-    for name, times in row["ms_rounds"].items():
-        ms = row["ms"][name] = statistics.median(times)
-        row["gbps"][name] = cell["cache_bytes"] / (ms * 1e-3) / 1e9
-        row["share"][name] = row["gbps"][name] / copy_gbps
-    for name, ms in row["ms"].items():
-        if "sdpa" in row["ms"] and name != "sdpa":
-            row["vs_sdpa"][name] = row["ms"]["sdpa"] / ms
+    replays, graph_errors = {}, {}
+    for name, fn in fns.items() if capture is not None else ():
+        try:
+            replays[name] = capture(fn)
+        except Exception as err:  # noqa: BLE001 - a call that cannot be captured is a result too
+            graph_errors[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    timed = time_interleaved({**fns, **{(name, "graph"): replay for name, replay in replays.items()}}, rounds, timer)
+    row.update(_timings(cell, {name: timed[name] for name in fns}, copy_gbps))
+    if capture is not None:
+        row["graph"] = {**_timings(cell, {name: timed[(name, "graph")] for name in replays}, copy_gbps),
+                        "errors": graph_errors}
     dtype = getattr(torch, cell["dtype"])
     row["num_splits"] = make_plan(cell["B"], 1, cell["Hq"], cell["Hkv"], cell["D"], cell["S"], dtype, 0,
                                   p["q"].device).num_splits
@@ -170,10 +210,11 @@ def measure_cell(cell: dict, p: dict, *, copy_gbps: float, timer, rounds: int, f
 
 
 def split_curve(shapes, dtype: str, splits, *, device, copy_gbps: float, timer, rounds: int, D: int = 128,
-                page_size: int = PAGE_SIZE) -> list:
+                page_size: int = PAGE_SIZE, capture=None) -> list:
     """Time against num_splits (contiguous cache, Lq = 1, Hq = 32) at ``shapes`` (B, Hkv, S): one row per shape
     with ``splits`` (those given and the rule's choice, ``rule``) and, in the same order, ``ms``, ``gbps`` and
-    ``share``."""
+    ``share``; with ``capture`` (as :func:`measure_cell`), also ``graph_ms``, ``graph_gbps`` and ``graph_share``
+    for the replays, timed in the same interleaved rounds."""
     rows = []
     for B, Hkv, S in shapes:
         cell = dict(dtype=dtype, B=B, S=S, Hq=32, Hkv=Hkv, D=D, Lq=1,
@@ -185,27 +226,31 @@ def split_curve(shapes, dtype: str, splits, *, device, copy_gbps: float, timer, 
                for n in timed}
         for fn in fns.values():
             fn()
-        times = time_interleaved(fns, rounds, timer)
-        ms = [statistics.median(times[n]) for n in timed]
-        gbps = [cell["cache_bytes"] / (m * 1e-3) / 1e9 for m in ms]
-        rows.append({**cell, "splits": timed, "ms": ms, "gbps": gbps, "share": [g / copy_gbps for g in gbps],
-                     "rule": rule})
-        del p
+        replays = {(n, "graph"): capture(fn) for n, fn in fns.items()} if capture is not None else {}
+        times = time_interleaved({**fns, **replays}, rounds, timer)
+        row = {**cell, "splits": timed, "rule": rule}
+        for prefix, keys in (("", timed), ("graph_", [(n, "graph") for n in timed] if replays else [])):
+            if keys:
+                ms = row[prefix + "ms"] = [statistics.median(times[key]) for key in keys]
+                gbps = row[prefix + "gbps"] = [cell["cache_bytes"] / (m * 1e-3) / 1e9 for m in ms]
+                row[prefix + "share"] = [g / copy_gbps for g in gbps]
+        rows.append(row)
+        del p, replays
     return rows
 
 
 def decode_table(grid: dict = GRID, *, device=None, timer=gpu_timer, rounds: int = ROUNDS,
                  max_bytes: float = MAX_CACHE_BYTES, copy_gbps: float | None = None, page_size: int = PAGE_SIZE,
-                 progress=None) -> dict:
+                 progress=None, capture=None) -> dict:
     """``decode_vs_sdpa``'s table for ``grid`` (see the module docstring), without FlexAttention (:func:`flex_pass`
-    adds it to the rows afterwards)."""
+    adds it to the rows afterwards); ``capture``: as :func:`measure_cell`."""
     device = runtime.DEVICE if device is None else device
     copy_gbps = copy_bandwidth_gbps() if copy_gbps is None else copy_gbps
     kept, skipped = cells(grid, max_bytes)
     rows = []
     for cell in kept:
         p = make_problem(cell, device, page_size=page_size)
-        row = measure_cell(cell, p, copy_gbps=copy_gbps, timer=timer, rounds=rounds)
+        row = measure_cell(cell, p, copy_gbps=copy_gbps, timer=timer, rounds=rounds, capture=capture)
         rows.append(row)
         if progress:
             progress(format_row(row))
@@ -218,13 +263,14 @@ def decode_table(grid: dict = GRID, *, device=None, timer=gpu_timer, rounds: int
 
 
 def flex_pass(rows: list, *, device=None, timer=gpu_timer, rounds: int = ROUNDS, page_size: int = PAGE_SIZE,
-              copy_gbps: float, flex_fn=None, progress=None) -> int:
+              copy_gbps: float, flex_fn=None, progress=None, capture=None) -> int:
     """FlexAttention on the rows of FLEX_CELLS, timed after everything else, in interleaved rounds beside SDPA
     (timed again here: ``vs_sdpa['flex']`` is against SDPA's time in this pass, ``sdpa_beside_flex_ms``). It comes
     last because in the recording of 2026-12-03 07:43, where it was timed cell by cell with the others, the short
     calls of attention_with_kvcache and fast after its first compile took up to three times their earlier
     recording's time and SDPA's (C++) did not change; the compiled FlexAttention in the process is the likeliest
-    cause, not measured apart. Returns the number of rows timed."""
+    cause, not measured apart. With ``capture`` (as :func:`measure_cell`) both are also timed as replays, into the
+    row's ``graph``. Returns the number of rows timed."""
     device = runtime.DEVICE if device is None else device
     flex_fn = _flex() if flex_fn is None else flex_fn
     if flex_fn is None:
@@ -238,13 +284,21 @@ def flex_pass(rows: list, *, device=None, timer=gpu_timer, rounds: int = ROUNDS,
         cell = {key: row[key] for key in ("dtype", "B", "S", "Hq", "Hkv", "D", "Lq", "cache_bytes")}
         p = make_problem(cell, device, page_size=page_size)
         beside = measure_cell(cell, p, copy_gbps=copy_gbps, timer=timer, rounds=rounds, flex=flex_fn,
-                              names=("sdpa", "flex"))
+                              names=("sdpa", "flex"), capture=capture)
         if "flex" in beside["errors"]:
             row["errors"]["flex"] = beside["errors"]["flex"]
         else:
             for key in ("ms", "ms_rounds", "gbps", "share", "vs_sdpa", "rel_error"):
                 row[key]["flex"] = beside[key]["flex"]
             row["sdpa_beside_flex_ms"] = beside["ms"]["sdpa"]
+            if "graph" in beside and "graph" in row:
+                graph, mine = beside["graph"], row["graph"]
+                if "flex" in graph["errors"]:
+                    mine["errors"]["flex"] = graph["errors"]["flex"]
+                elif "flex" in graph["ms"]:
+                    for key in ("ms", "ms_rounds", "gbps", "share", "vs_sdpa"):
+                        mine[key]["flex"] = graph[key]["flex"]
+                    mine["sdpa_beside_flex_ms"] = graph["ms"].get("sdpa")
             done += 1
             if progress:
                 progress(format_row(row))
@@ -256,21 +310,25 @@ def flex_pass(rows: list, *, device=None, timer=gpu_timer, rounds: int = ROUNDS,
 
 
 def format_row(row: dict) -> str:
-    cells_ = "  ".join(f"{n} {row['share'][n]:.0%}" + (f" ({row['vs_sdpa'][n]:.2f}×)" if n in row["vs_sdpa"] else "")
-                       for n in row["share"])
+    def shares(t, names):
+        return "  ".join(f"{n} {t['share'][n]:.0%}" + (f" ({t['vs_sdpa'][n]:.2f}×)" if n in t["vs_sdpa"] else "")
+                         for n in names if n in t["share"])
+
+    graph = f"  | replayed: {shares(row['graph'], ('flashattn', 'sdpa', 'flex'))}" if "graph" in row else ""
     return (f"{row['dtype']:<9} B={row['B']:<3} S={row['S']:<7} Hq/Hkv={row['Hq']}/{row['Hkv']:<3} "
-            f"splits={row['num_splits']:<4} {cells_}")
+            f"splits={row['num_splits']:<4} {shares(row, row['share'])}{graph}")
 
 
 @measurement("decode_vs_sdpa", description="attention_with_kvcache (contiguous and paged) vs SDPA, fast and "
                                            "FlexAttention at Lq = 1: B 1-64, context 1k-128k, Hkv 8/32, fp16/bf16")
 def decode_vs_sdpa() -> dict:
-    result = decode_table(progress=lambda line: print("  " + line, flush=True))
+    result = decode_table(progress=lambda line: print("  " + line, flush=True), capture=cuda_graph_replay)
     c = SPLIT_CURVE
     result["split_curve"] = split_curve(c["shapes"], c["dtype"], c["splits"], device=runtime.DEVICE,
-                                        copy_gbps=result["copy_bandwidth_gbps"], timer=gpu_timer, rounds=ROUNDS)
+                                        copy_gbps=result["copy_bandwidth_gbps"], timer=gpu_timer, rounds=ROUNDS,
+                                        capture=cuda_graph_replay)
     result["flex_rows"] = flex_pass(result["rows"], copy_gbps=result["copy_bandwidth_gbps"],
-                                    progress=lambda line: print("  " + line, flush=True))
+                                    progress=lambda line: print("  " + line, flush=True), capture=cuda_graph_replay)
     result["notes"] = (f"Lq = 1, cache_seqlens = S for every sequence (a full cache); per cell every kernel timed on "
                        f"the same inputs in {ROUNDS} interleaved rounds of do_bench (warmup {WARMUP_MS} ms, rep "
                        f"{REP_MS} ms, L2 flushed before each call); GB/s = K and V bytes / median time; share = GB/s / "
@@ -278,7 +336,9 @@ def decode_vs_sdpa() -> dict:
                        "first group of query heads against the float64 reference; FlexAttention timed last, after "
                        "every other kernel and the split curve (see flex_pass: the short calls issued from Python "
                        "were slower after its compile), beside SDPA timed again (vs_sdpa['flex'] against that, "
-                       "sdpa_beside_flex_ms)")
+                       "sdpa_beside_flex_ms); 'graph': the same kernels captured in CUDA graphs "
+                       "(cuda_graph_replay) and their replays timed by do_bench in the same interleaved rounds as the "
+                       "calls (the GPU's time without the host's; split curve: graph_ms)")
     return result
 
 
