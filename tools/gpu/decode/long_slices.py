@@ -1,0 +1,56 @@
+"""GPU probe for attention_with_kvcache's split launches over long slices of the cache (issue 31).
+
+    OUT=... python tools/gpu/decode/long_slices.py      # about a minute on an H200
+
+waves.py found that unsplit launches of caches of 4k keys or more read faster in steps of 128 keys than of 64
+(ONE_SPLIT_TILES). decode_vs_sdpa (2026-12-03 09:25, CUDA-graph replays) has the split launches whose slices are as
+long (8k keys: B = 1 with 32/8 heads at 128k and 16 splits, B = 4 or 32/32 heads at 32k-128k with 4 splits) at
+0.97-0.98× SDPA and 88-98 % of the copy bandwidth. Here, at those cells (fp16, D = 128, Lq = 1, a full contiguous
+cache), the default tiles against wider ones × numbers of splits around the rule's, and SDPA, in interleaved
+rounds (probe.py's sweep_shape). $OUT/decode_long_slices.json holds every number.
+Without a GPU: a dry run of its plumbing at tiny sizes in the interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import probe  # noqa: E402  (this folder's probe: its timer, interleaved rounds, sweep_shape and log)
+from probe import DRY, OUT, log  # noqa: E402
+
+from flashattn import runtime  # noqa: E402
+
+TILES = [(64, 4, 3), (128, 4, 3), (128, 4, 4), (128, 8, 3), (64, 4, 4)]
+# (B, Hkv, S, split choices): keys per split of 2k-32k
+CELLS = [(1, 8, 131072, (8, 16, 32)), (4, 8, 131072, (4, 8)), (1, 32, 131072, (4, 8)), (4, 8, 32768, (4, 8)),
+         (1, 32, 32768, (4, 8)), (1, 8, 32768, (16, 32)), (4, 8, 16384, (4, 8)), (1, 8, 16384, (16,))]
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    log(runtime.describe())
+    bandwidth = probe.copy_gbps()
+    log(f"copy bandwidth {bandwidth:.0f} GB/s; per cell and tiles, the share of it at each number of splits")
+    rows = []
+    for B, Hkv, S, choices in (CELLS[:1] if DRY else CELLS):
+        if probe.over_budget():  # PROBE_BUDGET_S
+            log("(budget reached: the remaining cells are left out)")
+            break
+        B, Hkv, S, D, tiles = (1, 2, 64, 16, [(32, 4, 1)]) if DRY else (B, Hkv, S, 128, TILES)
+        rows.append(probe.sweep_shape(B, Hkv, S, D, "float16", bandwidth, tiles, choices))
+        if not DRY:
+            torch.cuda.empty_cache()
+    log(f"{len(rows)} cells in {time.perf_counter() - probe.T0:.0f} s")
+    (OUT / "decode_long_slices.json").write_text(json.dumps(dict(bandwidth=bandwidth, rows=rows, log=probe.LOG),
+                                                            indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
