@@ -283,9 +283,7 @@ def check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table, causal
         raise TypeError(f"{name}: cache_seqlens must be a (B,) int32 tensor or an int, got "
                         f"{type(cache_seqlens).__name__}")
     if isinstance(cache_seqlens, int):
-        if not Lq <= cache_seqlens <= capacity:
-            raise ValueError(f"{name}: cache_seqlens={cache_seqlens} must count the valid keys of each sequence, the "
-                             f"Lq={Lq} new ones included, and fit the cache: from {Lq} to {capacity}")
+        check_int_seqlen(cache_seqlens, Lq, capacity)
         seqlen = cache_seqlens
     else:
         if cache_seqlens.dtype != torch.int32:
@@ -314,6 +312,13 @@ def _remember(t, extra) -> None:
     if len(_checked_values) > 256:
         _checked_values.clear()
     _checked_values[id(t)] = (weakref.ref(t), t._version, extra)
+
+
+def check_int_seqlen(cache_seqlens: int, Lq: int, capacity: int) -> None:
+    """An int cache_seqlens (every sequence's length) from Lq to the cache's capacity."""
+    if not Lq <= cache_seqlens <= capacity:
+        raise ValueError(f"attention_with_kvcache: cache_seqlens={cache_seqlens} must count the valid keys of each "
+                         f"sequence, the Lq={Lq} new ones included, and fit the cache: from {Lq} to {capacity}")
 
 
 def check_kvcache_values(cache_seqlens, block_table, *, Lq: int, capacity: int, page_size: int,

@@ -263,6 +263,24 @@ def test_unused_table_entries_are_not_checked_and_changed_values_are():
         flashattn.attention_with_kvcache(q, kp, vp, seqlens, block_table=table)
 
 
+def test_an_int_length_is_checked_on_every_call_without_preparing_again():
+    # a generation loop passes the cache's length as an int that grows by one every step: one prepared problem
+    # serves every length (preparing again would take the host longer than a short step takes the GPU), and each
+    # length is still checked and used
+    decode._PREPARED.clear()
+    k, v = contiguous_cache(2, 40, 2, 16, torch.float16, seed=23)
+    q = randn(torch.Generator().manual_seed(23), 2, 1, 4, 16, dtype=torch.float16)
+    for n in (1, 17, 40):
+        out = flashattn.attention_with_kvcache(q, k, v, n)
+        assert rel_error(out, reference_with_kvcache(q, k, v, n)) < TOL[q.dtype]
+    assert len(decode._PREPARED) == 1
+    for bad in (0, 41):
+        with pytest.raises(ValueError, match=f"cache_seqlens={bad} .* from 1 to 40"):
+            flashattn.attention_with_kvcache(q, k, v, bad)
+    with pytest.raises(TypeError, match="cache_seqlens must be"):
+        flashattn.attention_with_kvcache(q, k, v, True)  # a bool is an int to Python, not a length
+
+
 def test_a_prepared_problem_is_reused_only_for_the_same_metadata():
     # the second call of a problem skips the checks of its shapes and its plan (decode._PREPARED): new data, other
     # strides and another alignment must still give the right output

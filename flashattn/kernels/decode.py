@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from flashattn import runtime
-from flashattn.validate import check_kvcache_inputs, check_kvcache_values
+from flashattn.validate import check_int_seqlen, check_kvcache_inputs, check_kvcache_values
 
 from . import device as gpu
 from . import launch_cache
@@ -346,12 +346,14 @@ _MAX_PREPARED = 256
 
 def problem_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles):
     """Everything of a call that its checks and its launches depend on, but not the data (``launch_cache.problem_key``:
-    each tensor's shape, strides, dtype, device and 16-byte alignment), cache_seqlens' int value, and the options
-    with their types. None when an argument is not a plain tensor (the full checks then say what is wrong)."""
+    each tensor's shape, strides, dtype, device and 16-byte alignment), the type of an int cache_seqlens (not its
+    value, which a generation loop changes every step: :func:`decode_attention` checks it on every call), and the
+    options with their types. None when an argument is not a plain tensor (the full checks then say what is
+    wrong)."""
     seqlens_tensor = isinstance(cache_seqlens, torch.Tensor)
     return launch_cache.problem_key((q, k_cache, v_cache, block_table, cache_seqlens if seqlens_tensor else None),
-                                    (None if seqlens_tensor else cache_seqlens, causal, softmax_scale, num_splits,
-                                     tiles))
+                                    (None if seqlens_tensor else type(cache_seqlens), causal, softmax_scale,
+                                     num_splits, tiles))
 
 
 def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles) -> Prepared:
@@ -407,6 +409,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, ca
                 _PREPARED.clear()
             _PREPARED[key] = prepared
     p, plan = prepared.p, prepared.plan
+    if not isinstance(cache_seqlens, torch.Tensor):  # an int: its value is not in the key
+        check_int_seqlen(cache_seqlens, p["Lq"], p["capacity"])
     check_kvcache_values(cache_seqlens, block_table, Lq=p["Lq"], capacity=p["capacity"], page_size=p["page_size"],
                          num_pages=p["num_pages"])
     if return_partials and plan.num_splits == 1:
