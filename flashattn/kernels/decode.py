@@ -310,8 +310,8 @@ def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: 
     row_blocks = triton.cdiv(rows, block_m)
     if num_splits == 0:
         num_splits = choose_num_splits(B * Hkv * row_blocks, triton.cdiv(capacity, block_n), sm_count)
-    if tiles is None:  # each split's slice of the keys, as long as an unsplit cache of ONE_SPLIT_MIN_KEYS or more
-        block_n, num_warps, num_stages = one_split_tiles(D, dtype, capacity // num_splits, shared_memory, block_m,
+    if tiles is None and num_splits == 1:
+        block_n, num_warps, num_stages = one_split_tiles(D, dtype, capacity, shared_memory, block_m,
                                                          (block_n, num_warps, num_stages))
     if paged and num_stages > 1:
         num_stages = paged_stages(num_stages)

@@ -7,7 +7,9 @@ waves.py found that unsplit launches of caches of 4k keys or more read faster in
 long (8k keys: B = 1 with 32/8 heads at 128k and 16 splits, B = 4 or 32/32 heads at 32k-128k with 4 splits) at
 0.97-0.98× SDPA and 88-98 % of the copy bandwidth. Here, at those cells (fp16, D = 128, Lq = 1, a full contiguous
 cache), the default tiles against wider ones × numbers of splits around the rule's, and SDPA, in interleaved
-rounds (probe.py's sweep_shape). $OUT/decode_long_slices.json holds every number.
+rounds (probe.py's sweep_shape): whether the rule should give split launches over slices of ONE_SPLIT_MIN_KEYS keys
+or more the wide tiles too (make_plan gives them to unsplit launches only). Not run yet (2026-12-03: no device
+time left). $OUT/decode_long_slices.json holds every number.
 Without a GPU: a dry run of its plumbing at tiny sizes in the interpreter.
 """
 
