@@ -193,11 +193,12 @@ def measure_cell(cell: dict, p: dict, *, copy_gbps: float, timer, rounds: int, f
             row["errors"][name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             del fns[name]
     replays, graph_errors = {}, {}
-    for name, fn in fns.items() if capture is not None else ():
-        try:
-            replays[name] = capture(fn)
-        except Exception as err:  # noqa: BLE001 - a call that cannot be captured is a result too
-            graph_errors[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    if capture is not None:
+        for name, fn in fns.items():
+            try:
+                replays[name] = capture(fn)
+            except Exception as err:  # noqa: BLE001 - a call that cannot be captured is a result too
+                graph_errors[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
     timed = time_interleaved({**fns, **{(name, "graph"): replay for name, replay in replays.items()}}, rounds, timer)
     row.update(_timings(cell, {name: timed[name] for name in fns}, copy_gbps))
     if capture is not None:
@@ -285,20 +286,9 @@ def flex_pass(rows: list, *, device=None, timer=gpu_timer, rounds: int = ROUNDS,
         p = make_problem(cell, device, page_size=page_size)
         beside = measure_cell(cell, p, copy_gbps=copy_gbps, timer=timer, rounds=rounds, flex=flex_fn,
                               names=("sdpa", "flex"), capture=capture)
-        if "flex" in beside["errors"]:
-            row["errors"]["flex"] = beside["errors"]["flex"]
-        else:
-            for key in ("ms", "ms_rounds", "gbps", "share", "vs_sdpa", "rel_error"):
-                row[key]["flex"] = beside[key]["flex"]
-            row["sdpa_beside_flex_ms"] = beside["ms"]["sdpa"]
-            if "graph" in beside and "graph" in row:
-                graph, mine = beside["graph"], row["graph"]
-                if "flex" in graph["errors"]:
-                    mine["errors"]["flex"] = graph["errors"]["flex"]
-                elif "flex" in graph["ms"]:
-                    for key in ("ms", "ms_rounds", "gbps", "share", "vs_sdpa"):
-                        mine[key]["flex"] = graph[key]["flex"]
-                    mine["sdpa_beside_flex_ms"] = graph["ms"].get("sdpa")
+        if _take_flex(row, beside, ("rel_error",)):
+            if capture is not None:
+                _take_flex(row["graph"], beside["graph"])
             done += 1
             if progress:
                 progress(format_row(row))
@@ -307,6 +297,18 @@ def flex_pass(rows: list, *, device=None, timer=gpu_timer, rounds: int = ROUNDS,
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return done
+
+
+def _take_flex(mine: dict, beside: dict, extra: tuple = ()) -> bool:
+    """FlexAttention's timings (and ``extra`` keys) from ``beside`` into ``mine``, with SDPA's time in the same pass
+    as ``sdpa_beside_flex_ms``; or its error. True if it ran."""
+    if "flex" in beside["errors"]:
+        mine["errors"]["flex"] = beside["errors"]["flex"]
+        return False
+    for key in ("ms", "ms_rounds", "gbps", "share", "vs_sdpa", *extra):
+        mine[key]["flex"] = beside[key]["flex"]
+    mine["sdpa_beside_flex_ms"] = beside["ms"].get("sdpa")
+    return True
 
 
 def format_row(row: dict) -> str:

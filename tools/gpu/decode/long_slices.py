@@ -7,7 +7,7 @@ waves.py found that unsplit launches of caches of 4k keys or more read faster in
 long (8k keys: B = 1 with 32/8 heads at 128k and 16 splits, B = 4 or 32/32 heads at 32k-128k with 4 splits) at
 0.97-0.98× SDPA and 88-98 % of the copy bandwidth. Here, at those cells (fp16, D = 128, Lq = 1, a full contiguous
 cache), the default tiles against wider ones × numbers of splits around the rule's, and SDPA, in interleaved
-rounds (probe.py's sweep_shape): whether the rule should give split launches over slices of ONE_SPLIT_MIN_KEYS keys
+rounds (waves.py's sweep): whether the rule should give split launches over slices of ONE_SPLIT_MIN_KEYS keys
 or more the wide tiles too (make_plan gives them to unsplit launches only). Not run yet (2026-12-03: no device
 time left). $OUT/decode_long_slices.json holds every number.
 Without a GPU: a dry run of its plumbing at tiny sizes in the interpreter.
@@ -15,44 +15,16 @@ Without a GPU: a dry run of its plumbing at tiny sizes in the interpreter.
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parent))
-import probe  # noqa: E402  (this folder's probe: its timer, interleaved rounds, sweep_shape and log)
-from probe import DRY, OUT, log  # noqa: E402
-
-from flashattn import runtime  # noqa: E402
+import waves  # noqa: E402  (this folder's sweep of tiles × splits)
 
 TILES = [(64, 4, 3), (128, 4, 3), (128, 4, 4), (128, 8, 3), (64, 4, 4)]
 # (B, Hkv, S, split choices): keys per split of 2k-32k
 CELLS = [(1, 8, 131072, (8, 16, 32)), (4, 8, 131072, (4, 8)), (1, 32, 131072, (4, 8)), (4, 8, 32768, (4, 8)),
          (1, 32, 32768, (4, 8)), (1, 8, 32768, (16, 32)), (4, 8, 16384, (4, 8)), (1, 8, 16384, (16,))]
 
-
-def main() -> int:
-    OUT.mkdir(parents=True, exist_ok=True)
-    log(runtime.describe())
-    bandwidth = probe.copy_gbps()
-    log(f"copy bandwidth {bandwidth:.0f} GB/s; per cell and tiles, the share of it at each number of splits")
-    rows = []
-    for B, Hkv, S, choices in (CELLS[:1] if DRY else CELLS):
-        if probe.over_budget():  # PROBE_BUDGET_S
-            log("(budget reached: the remaining cells are left out)")
-            break
-        B, Hkv, S, D, tiles = (1, 2, 64, 16, [(32, 4, 1)]) if DRY else (B, Hkv, S, 128, TILES)
-        rows.append(probe.sweep_shape(B, Hkv, S, D, "float16", bandwidth, tiles, choices))
-        if not DRY:
-            torch.cuda.empty_cache()
-    log(f"{len(rows)} cells in {time.perf_counter() - probe.T0:.0f} s")
-    (OUT / "decode_long_slices.json").write_text(json.dumps(dict(bandwidth=bandwidth, rows=rows, log=probe.LOG),
-                                                            indent=1) + "\n")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(waves.run(CELLS, TILES, "decode_long_slices.json", merge=False))

@@ -58,28 +58,29 @@ def merge_alone(B, Hkv, S, D, rule) -> dict:
     return parts
 
 
-def main() -> int:
+def run(cells: list, tiles: list, name: str, *, merge: bool = True) -> int:
+    """Sweep ``cells`` (B, Hkv, S, split choices) over ``tiles`` (probe.sweep_shape), with, where ``merge`` and the
+    rule splits, the split and merge kernels timed alone; $OUT/``name`` holds every number."""
     OUT.mkdir(parents=True, exist_ok=True)
     log(runtime.describe())
     bandwidth = probe.copy_gbps()
     log(f"copy bandwidth {bandwidth:.0f} GB/s; per cell and tiles, the share of it at each number of splits")
     rows = []
-    for B, Hkv, S, choices in (CELLS[:2] if DRY else CELLS):
+    for B, Hkv, S, choices in (cells[:2] if DRY else cells):
         if probe.over_budget():  # PROBE_BUDGET_S
             log("(budget reached: the remaining cells are left out)")
             break
-        B, Hkv, S, D, tiles = (min(B, 2), 2, 64, 16, [(32, 4, 1)]) if DRY else (B, Hkv, S, 128, TILES)
-        row = probe.sweep_shape(B, Hkv, S, D, "float16", bandwidth, tiles, choices)
-        if row["rule"] > 1:
+        B, Hkv, S, D, cell_tiles = (min(B, 2), 2, 64, 16, [(32, 4, 1)]) if DRY else (B, Hkv, S, 128, tiles)
+        row = probe.sweep_shape(B, Hkv, S, D, "float16", bandwidth, cell_tiles, choices)
+        if merge and row["rule"] > 1:
             row["parts_ms"] = merge_alone(B, Hkv, S, D, row["rule"])
         rows.append(row)
         if not DRY:
             torch.cuda.empty_cache()
     log(f"{len(rows)} cells in {time.perf_counter() - probe.T0:.0f} s")
-    (OUT / "decode_waves.json").write_text(json.dumps(dict(bandwidth=bandwidth, rows=rows, log=probe.LOG), indent=1)
-                                           + "\n")
+    (OUT / name).write_text(json.dumps(dict(bandwidth=bandwidth, rows=rows, log=probe.LOG), indent=1) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(CELLS, TILES, "decode_waves.json"))
