@@ -43,9 +43,9 @@ def lens(*values):
     return torch.tensor(values, dtype=torch.int32, device=DEV)
 
 
-def check(q, k, v, seqlens, *, block_table=None, causal=True, num_splits=0, tiles=None):
+def check(q, k, v, seqlens, *, block_table=None, causal=True, num_splits=0, tiles=None, merge=None):
     out = decode.decode_attention(q, k, v, seqlens, block_table=block_table, causal=causal, num_splits=num_splits,
-                                  tiles=tiles)
+                                  tiles=tiles, merge=merge)
     ref = reference_with_kvcache(q, k, v, seqlens, block_table=block_table, causal=causal)
     assert out.shape == q.shape and out.dtype == q.dtype
     err = rel_error(out, ref)
@@ -133,6 +133,45 @@ def test_public_function_and_partials_merge_by_lse():
     assert torch.equal(flashattn.attention_with_kvcache(q, k, v, seqlens, num_splits=4), out)
 
 
+@pytest.mark.parametrize("merge", ["kernel", "last program"])
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_both_merges_give_the_reference(merge, page_size):
+    # the merge kernel (a second launch) and the last split program of each row block (decode.MERGE): ragged
+    # lengths with empty splits, GQA, Lq = 1 and 3, causal and not, one row block and several (Lq = 20: 80 rows,
+    # merged in steps of MERGE_ROWS rows), and a call repeated: the last program puts its ticket back to 0
+    decode._PREPARED.clear()
+    B, Hkv, D, S_max = 3, 2, 32, 96
+    k, v = contiguous_cache(B, S_max, Hkv, D, torch.float16, seed=31)
+    table = None
+    if page_size:
+        k, v, table = paged(k, v, page_size, seed=31)
+    gen = torch.Generator().manual_seed(31)
+    for Lq, causal, num_splits in ((1, True, 3), (3, False, 2), (3, True, 7), (20, True, 2)):
+        q = randn(gen, B, Lq, 4 * Hkv, D, dtype=torch.float16)
+        for _ in range(2):
+            check(q, k, v, lens(Lq, 33, S_max), block_table=table, causal=causal, num_splits=num_splits, merge=merge)
+    plans = [p.plan for p in decode._PREPARED.values() if p.plan.num_splits > 1]
+    assert plans and all((p.merge_rows > 0) == (merge == "last program") for p in plans)
+    assert all(int(p.tickets.abs().sum()) == 0 for p in decode._PREPARED.values() if p.tickets is not None)
+
+
+def test_the_last_programs_merge_tile_and_when_the_merge_kernel_takes_over():
+    # the last program's (rows, splits, D) float32 tile stays within MERGE_TILE_FLOATS: fewer rows per step as the
+    # splits and D grow, and the merge kernel when one row's splits alone are larger
+    limit = decode.MERGE_TILE_FLOATS
+    for rows, block_m, splits, D in ((4, 16, 16, 128), (1, 16, 4, 128), (80, 64, 7, 128), (64, 64, 128, 64)):
+        step = decode.merge_step_rows(rows, block_m, splits, D)
+        assert step >= 1 and step * (1 << (splits - 1).bit_length()) * D <= limit
+        assert step <= 1 << (min(rows, block_m) - 1).bit_length()
+    assert decode.merge_step_rows(4, 16, 4, 128) == 4  # every row of the block at once
+    assert decode.merge_step_rows(1, 16, 128, 256) == 0  # 128 splits × 256: the merge kernel
+    plan = decode.make_plan(1, 1, 4, 1, 256, 1 << 16, torch.float16, 128, DEV, (16, 4, 1))
+    assert plan.merge_rows == 0
+    assert decode.make_plan(1, 1, 4, 1, 64, 4096, torch.float16, 1, DEV, (16, 4, 1)).merge_rows == 0  # unsplit
+    with pytest.raises(ValueError, match="merge must be"):
+        decode.make_plan(1, 1, 4, 1, 64, 4096, torch.float16, 2, DEV, (16, 4, 1), False, "last")
+
+
 def test_choose_num_splits():
     # few programs: split as far as one wave holds (PROGRAMS_PER_SM on every SM), keeping MIN_BLOCKS_PER_SPLIT
     # blocks in each
@@ -183,8 +222,9 @@ def test_one_split_tiles(monkeypatch):
 
 
 @given(B=st.integers(1, 3), Lq=st.integers(1, 3), group=st.sampled_from([1, 2, 3]), Hkv=st.integers(1, 2),
-       page=st.sampled_from([0, 16, 32]), causal=st.booleans(), num_splits=st.integers(0, 5), seed=st.integers(0, 99))
-def test_hypothesis(B, Lq, group, Hkv, page, causal, num_splits, seed):
+       page=st.sampled_from([0, 16, 32]), causal=st.booleans(), num_splits=st.integers(0, 5), seed=st.integers(0, 99),
+       merge=st.sampled_from(["kernel", "last program"]))
+def test_hypothesis(B, Lq, group, Hkv, page, causal, num_splits, seed, merge):
     gen = torch.Generator().manual_seed(seed)
     S_max = 1 + int(torch.randint(Lq, 90, (1,), generator=gen))
     k, v = contiguous_cache(B, S_max, Hkv, 16, torch.float16, seed)
@@ -193,7 +233,7 @@ def test_hypothesis(B, Lq, group, Hkv, page, causal, num_splits, seed):
     table = None
     if page:
         k, v, table = paged(k, v, page, seed)
-    check(q, k, v, seqlens, block_table=table, causal=causal, num_splits=num_splits)
+    check(q, k, v, seqlens, block_table=table, causal=causal, num_splits=num_splits, merge=merge)
 
 
 # --- bad input ----------------------------------------------------------------------------------------------

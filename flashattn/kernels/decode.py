@@ -71,6 +71,11 @@ PROGRAMS_PER_SM = 1
 MIN_BLOCKS_PER_SPLIT = 4
 INTERPRETER_SM_COUNT = 4  # no GPU: a nominal SM count, so that the rule still splits small problems
 
+# Who merges the splits by default: "last program" (the last split program of a row block to finish, found by a
+# ticket counter; one launch) or "kernel" (decode_merge_kernel, a second launch).
+MERGE = "last program"
+MERGE_TILE_FLOATS = 8192  # the last program's merge tile (rows, splits, D) in float32: 64 per thread with 4 warps
+
 
 @triton.jit
 def _kv_offsets(BLOCK_TABLE, start_n, seqlen, num_pages, stride_bt_p, stride_page, stride_n,
@@ -141,7 +146,7 @@ def _attend(acc, li, mi, qi, K, V, BLOCK_TABLE, lo, hi, seqlen, limit, num_pages
 
 @triton.jit
 def decode_split_kernel(
-    Q, K, V, O, LSE, SEQLENS, BLOCK_TABLE,
+    Q, K, V, O, LSE, SEQLENS, BLOCK_TABLE, OUT, TICKETS,
     stride_qb, stride_qn, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kh, stride_kd,  # kb: the sequence, or with a block table the physical page
     stride_vb, stride_vn, stride_vh, stride_vd,
@@ -150,6 +155,7 @@ def decode_split_kernel(
     Hkv, GROUP, Lq, capacity, num_pages, qk_scale,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 1, MERGE_ROWS: tl.constexpr = 1,
 ):
     pid_bh, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     num_splits = tl.num_programs(2)
@@ -205,8 +211,48 @@ def decode_split_kernel(
         lse = tl.where(seen, (mi + tl.log2(tl.where(seen, li, 1.0))) * LN_2, float("-inf"))
         lse_ptrs = LSE + ((off_b * Lq + qpos) * (Hkv * GROUP) + head) * num_splits + split
         tl.store(lse_ptrs, lse, mask=row_ok)
+        if MERGE:  # the last of the row block's splits to finish merges them: no second launch
+            tl.debug_barrier()  # every thread's stores are issued before the program takes its ticket
+            ticket_ptr = TICKETS + pid_bh * tl.num_programs(1) + pid_m
+            ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")  # release the partials, acquire theirs
+            if ticket == num_splits - 1:
+                tl.store(ticket_ptr, 0)  # back to 0 for the next call (and the next replay of a CUDA graph)
+                _merge_row_block(O, LSE, OUT, off_b, off_hkv, pid_m, Hkv, GROUP, Lq, num_splits,
+                                 stride_ob, stride_on, stride_oh, stride_os, stride_od,
+                                 D, D_PAD, BLOCK_M, BLOCK_S, MERGE_ROWS)
     else:
         tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+
+
+@triton.jit
+def _merge_row_block(O_PART, LSE_PART, OUT, off_b, off_hkv, pid_m, Hkv, GROUP, Lq, num_splits,
+                     stride_ob, stride_on, stride_oh, stride_os, stride_od,
+                     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+                     MERGE_ROWS: tl.constexpr):
+    """The merge of :func:`decode_merge_kernel` for the rows of one split program's row block, MERGE_ROWS rows at
+    a time, every split of them in one (rows, splits, D) tile. The partials were written by other programs, on
+    other SMs: they are read from L2 (``.cg``), past this SM's L1."""
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, D_PAD)
+    for r0 in tl.range(0, tl.minimum(BLOCK_M, GROUP * Lq - pid_m * BLOCK_M), MERGE_ROWS):
+        rows = pid_m * BLOCK_M + r0 + tl.arange(0, MERGE_ROWS)
+        row_ok = rows < GROUP * Lq
+        qpos = tl.minimum(rows // GROUP, Lq - 1)
+        head = off_hkv * GROUP + rows % GROUP
+        lse_ptrs = LSE_PART + (((off_b * Lq + qpos) * (Hkv * GROUP) + head) * num_splits)[:, None] + offs_s[None, :]
+        lse = tl.load(lse_ptrs, mask=row_ok[:, None] & (offs_s < num_splits)[None, :], other=float("-inf"),
+                      cache_modifier=".cg")
+        m = tl.where(row_ok, tl.max(lse, 1), 0.0)  # finite for real rows: each sees a key in some split
+        w = tl.exp(lse - m[:, None])  # 0 for the empty splits (and the padding lanes)
+        full = lse > float("-inf")
+        row_off = off_b * stride_ob + qpos * stride_on + head * stride_oh
+        o_ptrs = (O_PART + row_off[:, None, None] + (offs_s * stride_os)[None, :, None]
+                  + (offs_d * stride_od)[None, None, :])
+        o_part = tl.load(o_ptrs, mask=full[:, :, None] & (offs_d < D)[None, None, :], other=0.0,
+                         cache_modifier=".cg")  # empty splits wrote nothing
+        o = tl.sum(w[:, :, None] * o_part, 1) / tl.where(row_ok, tl.sum(w, 1), 1.0)[:, None]
+        out_ptrs = OUT + ((off_b * Lq + qpos) * (Hkv * GROUP) + head)[:, None] * D + offs_d[None, :]
+        tl.store(out_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (offs_d < D)[None, :])
 
 
 @triton.jit
@@ -242,6 +288,17 @@ class Plan(NamedTuple):
     row_blocks: int
     num_splits: int
     merge_warps: int
+    merge_rows: int  # with splits: rows per step of the last program's merge; 0: the merge kernel merges
+
+
+def merge_step_rows(rows: int, block_m: int, num_splits: int, D: int) -> int:
+    """Rows per step of the last split program's merge (:func:`_merge_row_block`): as many as keep its (rows,
+    splits, D) float32 tile within MERGE_TILE_FLOATS, 0 when one row's splits alone exceed it (the merge kernel
+    then merges)."""
+    per_row = triton.next_power_of_2(num_splits) * padded_head_dim(D)
+    if per_row > MERGE_TILE_FLOATS:
+        return 0
+    return min(triton.next_power_of_2(min(rows, block_m)), MERGE_TILE_FLOATS // per_row)
 
 
 def shared_bytes(tiles: tuple, D: int, dtype_bytes: int, block_m: int = 16) -> int:
@@ -301,8 +358,10 @@ def one_split_tiles(D: int, dtype: torch.dtype, capacity: int, shared_memory: in
 
 @functools.cache
 def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: torch.dtype, num_splits: int,
-              device: torch.device, tiles: tuple | None = None, paged: bool = False) -> Plan:
-    """The launch of one problem (cached: the host's time per call matters when the cache is short)."""
+              device: torch.device, tiles: tuple | None = None, paged: bool = False, merge: str | None = None) -> Plan:
+    """The launch of one problem (cached: the host's time per call matters when the cache is short). ``merge``:
+    who merges the splits, "last program" (the last split program of each row block to finish), "kernel" (a
+    second launch, :func:`decode_merge_kernel`) or None for MERGE's choice."""
     sm_count, shared_memory = _device_facts(device)
     block_n, num_warps, num_stages = tiles or tile_configs(D, dtype, shared_memory)[0]
     rows = (Hq // Hkv) * Lq
@@ -317,7 +376,11 @@ def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: 
         num_stages = paged_stages(num_stages)
     block_s = triton.next_power_of_2(num_splits)
     merge_warps = min(16, max(1, block_s * padded_head_dim(D) // 1024))
-    return Plan(block_m, block_n, num_warps, num_stages, row_blocks, num_splits, merge_warps)
+    if merge not in (None, "last program", "kernel"):
+        raise ValueError(f"decode_attention: merge must be 'last program', 'kernel' or None, got {merge!r}")
+    fused = num_splits > 1 and (merge or MERGE) == "last program"
+    in_program = merge_step_rows(rows, block_m, num_splits, D) if fused else 0
+    return Plan(block_m, block_n, num_warps, num_stages, row_blocks, num_splits, merge_warps, in_program)
 
 
 def _seqlens_tensor(cache_seqlens, B: int, device) -> torch.Tensor:
@@ -329,7 +392,8 @@ def _seqlens_tensor(cache_seqlens, B: int, device) -> torch.Tensor:
 class Prepared(NamedTuple):
     """One problem's checks and launches, done once (:func:`_prepare`) and reused by every call with the same
     :func:`problem_key`: the checked sizes, the plan, the output's and the partials' shapes, the launches bound to
-    their compiled kernels, and the integer arguments (strides and sizes) the split kernel takes after its tensors."""
+    their compiled kernels, the integer arguments (strides and sizes) the split kernel takes after its tensors, and
+    the tickets of the last program's merge (one int32 per row block, 0 between calls)."""
 
     p: dict
     plan: Plan
@@ -338,13 +402,20 @@ class Prepared(NamedTuple):
     split: object
     merge: object | None
     split_ints: tuple
+    tickets: torch.Tensor | None
+
+
+# Every tickets tensor ever made stays alive: a CUDA graph that captured a launch keeps its address, and replays
+# after _PREPARED has been emptied must not write to freed memory. (One int32 per row block: bytes per problem.)
+_TICKETS: list = []
 
 
 _PREPARED: dict = {}
 _MAX_PREPARED = 256
 
 
-def problem_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles):
+def problem_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles,
+                merge=None):
     """Everything of a call that its checks and its launches depend on, but not the data (``launch_cache.problem_key``:
     each tensor's shape, strides, dtype, device and 16-byte alignment), the type of an int cache_seqlens (not its
     value, which a generation loop changes every step: :func:`decode_attention` checks it on every call), and the
@@ -353,17 +424,18 @@ def problem_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax
     seqlens_tensor = isinstance(cache_seqlens, torch.Tensor)
     return launch_cache.problem_key((q, k_cache, v_cache, block_table, cache_seqlens if seqlens_tensor else None),
                                     (None if seqlens_tensor else type(cache_seqlens), causal, softmax_scale,
-                                     num_splits, tiles))
+                                     num_splits, tiles, merge))
 
 
-def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles) -> Prepared:
+def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles,
+             merge=None) -> Prepared:
     """The checks of the arguments' shapes, dtypes and devices (:func:`check_kvcache_inputs`), the plan and the
     bound launches of one problem."""
     p = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits,
                              MAX_SPLITS)
     B, Lq, Hq, Hkv, D = p["B"], p["Lq"], p["Hq"], p["Hkv"], p["D"]
     plan = make_plan(B, Lq, Hq, Hkv, D, p["capacity"], q.dtype, p["num_splits"], q.device, tiles,
-                     block_table is not None)
+                     block_table is not None, merge)
     out_shape = (B, Lq, Hq, D)
     split = plan.num_splits > 1
     if split:
@@ -379,31 +451,39 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_sc
     split_launch = launch_cache.bind(
         decode_split_kernel, (B * Hkv, plan.row_blocks, plan.num_splits),
         dict(D=D, D_PAD=padded_head_dim(D), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PAGE_SIZE=p["page_size"],
-             CAUSAL=p["causal"], SPLIT=split, PRECISION="ieee" if q.dtype == torch.float32 else "tf32"),
+             CAUSAL=p["causal"], SPLIT=split, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+             MERGE=plan.merge_rows > 0, BLOCK_S=triton.next_power_of_2(plan.num_splits),
+             MERGE_ROWS=max(plan.merge_rows, 1)),
         num_warps=plan.num_warps, num_stages=plan.num_stages)
-    merge_launch = None
-    if split:
+    merge_launch = tickets = None
+    if plan.merge_rows:
+        tickets = torch.zeros(B * Hkv * plan.row_blocks, dtype=torch.int32, device=q.device)
+        _TICKETS.append(tickets)
+    elif split:
         merge_launch = launch_cache.bind(
             decode_merge_kernel, (B * Lq * Hq,),
             dict(D=D, D_PAD=padded_head_dim(D), BLOCK_S=triton.next_power_of_2(S)), num_warps=plan.merge_warps)
-    return Prepared(p, plan, out_shape, part_shapes, split_launch, merge_launch, split_ints)
+    return Prepared(p, plan, out_shape, part_shapes, split_launch, merge_launch, split_ints, tickets)
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
-                     num_splits=0, tiles: tuple | None = None, return_partials: bool = False):
+                     num_splits=0, tiles: tuple | None = None, merge: str | None = None,
+                     return_partials: bool = False):
     """:func:`attention_with_kvcache` with the tiles given (``tiles`` = (BLOCK_N, num_warps, num_stages), one of
     :func:`tile_configs`' or None for the default) and, with ``return_partials=True``, also the split kernel's
     float32 partial outputs (B, Lq, Hq, splits, D) and log-sum-exps (B, Lq, Hq, splits), for notebook 15 (only
-    with more than one split).
+    with more than one split). ``merge``: who merges the splits (:func:`make_plan`), by default MERGE.
 
     The host's work per call is kept short, as a decoding step on a short cache takes the GPU only microseconds:
     the checks of shapes, dtypes and devices, the plan and the bound launches are done once per
     :func:`problem_key` and kept (:class:`Prepared`); every call checks the values of cache_seqlens and of the
     block table (once per version of those tensors), allocates the outputs and launches."""
-    key = problem_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles)
+    key = problem_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles,
+                      merge)
     prepared = _PREPARED.get(key) if key is not None else None
     if prepared is None:
-        prepared = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles)
+        prepared = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles,
+                            merge)
         if key is not None:
             if len(_PREPARED) >= _MAX_PREPARED:
                 _PREPARED.clear()
@@ -423,7 +503,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, ca
         o_part = torch.empty(prepared.part_shapes[0], dtype=torch.float32, device=q.device)
         lse_part = torch.empty(prepared.part_shapes[1], dtype=torch.float32, device=q.device)
     table = block_table if block_table is not None else seqlens  # unused without pages
-    prepared.split(q, k_cache, v_cache, o_part, lse_part, seqlens, table, *prepared.split_ints)
+    tickets = prepared.tickets if prepared.tickets is not None else seqlens  # unused without the last program's merge
+    prepared.split(q, k_cache, v_cache, o_part, lse_part, seqlens, table, out, tickets, *prepared.split_ints)
     if prepared.merge is not None:
         D = p["D"]
         prepared.merge(o_part, lse_part, out, plan.num_splits, plan.num_splits * D, D, D)

@@ -213,13 +213,15 @@ def _captured_launches(where: device.Target, D: int, dtype: torch.dtype) -> dict
             masking.masked_backward(*args, *out, grad, causal=True, dkdv_tiles=dkdv, dq_tiles=dq, **kw)
         tiles = decode.tile_configs(D, dtype, where.shared_bytes, mode="gpu")[0]
         cache = torch.zeros(2, N, 2, D, dtype=dtype, device=dev)
-        decode.decode_attention(torch.zeros(2, 1, 8, D, dtype=dtype, device=dev), cache, cache, N, num_splits=4,
-                                tiles=tiles)
+        for merge in ("kernel", "last program"):  # the merge kernel, and the split kernel that merges itself
+            decode.decode_attention(torch.zeros(2, 1, 8, D, dtype=dtype, device=dev), cache, cache, N, num_splits=4,
+                                    tiles=tiles, merge=merge)
     kernels = {*masked.JIT_KERNELS, *masked_backward.JIT_KERNELS, decode.decode_split_kernel,
                decode.decode_merge_kernel}
     for kernel, _, args, constexprs, options in launches:
         if kernel in kernels:
-            found.setdefault(kernel.fn.__name__, (kernel, args, constexprs, options))
+            name = kernel.fn.__name__ + (" (merges its splits)" if constexprs.get("MERGE") else "")
+            found.setdefault(name, (kernel, args, constexprs, options))
     return found
 
 

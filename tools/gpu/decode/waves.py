@@ -44,15 +44,15 @@ def merge_alone(B, Hkv, S, D, rule) -> dict:
     k, v = probe.cache(B, S, Hkv, D, torch.float16, seed=S + B)
     q = torch.randn(B, 1, 32, D, device=DEV, dtype=torch.float16)  # Hq = 32, as sweep_shape
     seqlens = torch.full((B,), S, dtype=torch.int32, device=DEV)
-    decode.decode_attention(q, k, v, seqlens, num_splits=rule)
-    prep = decode._PREPARED[decode.problem_key(q, k, v, seqlens, None, True, None, rule, None)]
+    decode.decode_attention(q, k, v, seqlens, num_splits=rule, merge="kernel")
+    prep = decode._PREPARED[decode.problem_key(q, k, v, seqlens, None, True, None, rule, None, "kernel")]
     o_part = torch.empty(prep.part_shapes[0], dtype=torch.float32, device=DEV)
     lse_part = torch.empty(prep.part_shapes[1], dtype=torch.float32, device=DEV)
     out = torch.empty(prep.out_shape, dtype=q.dtype, device=DEV)
     parts = interleaved({
-        "split": lambda: prep.split(q, k, v, o_part, lse_part, seqlens, seqlens, *prep.split_ints),
+        "split": lambda: prep.split(q, k, v, o_part, lse_part, seqlens, seqlens, out, seqlens, *prep.split_ints),
         "merge": lambda: prep.merge(o_part, lse_part, out, rule, rule * D, D, D),
-        "whole": lambda: decode.decode_attention(q, k, v, seqlens, num_splits=rule)})
+        "whole": lambda: decode.decode_attention(q, k, v, seqlens, num_splits=rule, merge="kernel")})
     log(f"    alone at {rule} splits: split {parts['split'] * 1e3:.1f} us, merge {parts['merge'] * 1e3:.1f} us, "
         f"whole call {parts['whole'] * 1e3:.1f} us")
     return parts
