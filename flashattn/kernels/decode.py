@@ -11,10 +11,16 @@ memory busy, while the work is all reading the cache. Here (Flash-Decoding):
   writes its partial output ``acc / li`` (float32) and the log-sum-exp ``lse = m + log l`` of every row. Each
   program reads its sequence's length from ``cache_seqlens`` and derives its own slice; a split with no keys (or a
   row that sees none of them, causal) writes lse = -inf and no output.
-* ``decode_merge_kernel``: one program per output row, the merge of notebook 03: with M = max_s lse_s, the output
-  is Σ_s e^(lse_s − M)·o_s / Σ_s e^(lse_s − M). Empty splits weigh e^(-inf) = 0 and their outputs are not read.
+* the merge of notebook 03: with M = max_s lse_s, the output is Σ_s e^(lse_s − M)·o_s / Σ_s e^(lse_s − M). Empty
+  splits weigh e^(-inf) = 0 and their outputs are not read. By default (``MERGE = "last program"``) the split
+  program that finishes last among its row block's splits does it (:func:`_merge_row_block`): each program, its
+  partials stored, takes a ticket from a counter per row block (an atomic add that releases its stores and acquires
+  the others'); the one holding the last ticket reads every split's partials back from L2, writes the output and
+  puts the counter back to 0. So a split call is one launch, as an unsplit one. ``merge="kernel"`` (and a merge
+  tile too large for one program) runs ``decode_merge_kernel`` instead, one program per output row, a second
+  launch.
 
-With one split the first kernel writes the final output and the merge does not run. The cache is contiguous
+With one split the first kernel writes the final output and nothing merges. The cache is contiguous
 (B, S_max, Hkv, D) or paged: (num_pages, page_size, Hkv, D) with a block table (B, max_pages) that maps each
 sequence's i-th page to a physical page, looked up per key block (``_kv_offsets``).
 """

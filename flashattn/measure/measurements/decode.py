@@ -6,8 +6,10 @@ and FlexAttention, as a share of the copy bandwidth; the number of splits; token
   rounds: ``attention_with_kvcache`` on the contiguous cache (num_splits chosen by the rule) and on the same cache
   in shuffled pages, SDPA on the contiguous cache (q and the cache as (B, H, ·, D) views), ``fast`` (one program
   per (batch, query head): no splits) and, where torch has it, FlexAttention (compiled; its decoding kernel), on
-  some cells. GB/s counts the cache's bytes (K and V, read once) over the median time; the share is of the copy
-  bandwidth measured at the start of the run (bytes read + written per second by a device-to-device copy). Every
+  some cells; where the rule splits, also ``attention_with_kvcache``'s splits merged by a second launch
+  (``flashattn_merge_kernel``: ``merge="kernel"``) beside the default, where the last split program merges. GB/s
+  counts the cache's bytes (K and V, read once) over the median time; the share is of the copy bandwidth measured
+  at the start of the run (bytes read + written per second by a device-to-device copy). Every
   kernel is timed twice in the same rounds: called (``ms``: do_bench of the Python call, so a call whose host work
   outlasts the GPU's shows the host's time) and replayed from a CUDA graph (``graph``: the GPU's time alone, as an
   inference server runs its decoding step). Also the time against num_splits at a few shapes (the curve the rule
@@ -116,6 +118,9 @@ def kernels(p: dict, flex=None) -> dict:
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa).transpose(1, 2),
         "fast": lambda: VARIANTS["fast"](qt, kt, vt, **FAST_OPTIONS).transpose(1, 2),
     }
+    (B, _, Hq, D), (S, Hkv) = q.shape, k.shape[1:3]
+    if make_plan(B, 1, Hq, Hkv, D, S, q.dtype, 0, q.device).num_splits > 1:  # the split merged by a second launch
+        fns["flashattn_merge_kernel"] = lambda: decode_attention(q, k, v, p["seqlens"], merge="kernel")
     if flex is not None:
         fns["flex"] = lambda: flex(qt, kt, vt, enable_gqa=gqa).transpose(1, 2)
     return fns
