@@ -72,9 +72,11 @@ ONE_SPLIT_MIN_KEYS = 4096
 # and decode_vs_sdpa's split_curve on the H200: one program per SM read the cache as fast as two or faster (B = 1,
 # 32/8 heads: 16 splits against 32 or 33), a grid a little past one wave more slowly (9 splits against 8 at 32
 # programs per split), and splitting a grid that already fills the SMs once (128 programs, caches of 1k-4k keys)
-# only added the merge's launch (about 5 us) to a split kernel no faster than the unsplit one.
+# was slower with either merge (tools/gpu/decode/merge.py, 2026-12-03: 2 splits against 1). At B = 1 with 32/8
+# heads and 1k keys, merge.py timed 8 splits of 2 key blocks (the last program merging) faster than 4 of 4 or 16
+# of 1: hence 2 blocks at least (it only decides for caches under 2k keys per 8 programs).
 PROGRAMS_PER_SM = 1
-MIN_BLOCKS_PER_SPLIT = 4
+MIN_BLOCKS_PER_SPLIT = 2
 INTERPRETER_SM_COUNT = 4  # no GPU: a nominal SM count, so that the rule still splits small problems
 
 # Who merges the splits by default: "last program" (the last split program of a row block to finish, found by a
