@@ -155,6 +155,31 @@ def test_both_merges_give_the_reference(merge, page_size):
     assert all(int(p.tickets.abs().sum()) == 0 for p in decode._PREPARED.values() if p.tickets is not None)
 
 
+@pytest.mark.skipif(runtime.MODE != "gpu", reason="CUDA graphs need a GPU")
+def test_a_cuda_graph_replays_the_last_programs_merge():
+    # captured once; new lengths and queries written into the inputs before each replay: every replay finds the
+    # tickets at 0 (the last program put them back) and gives the eager call's output
+    k, v = contiguous_cache(2, 4096, 2, 64, torch.float16, seed=41)
+    q = randn(torch.Generator().manual_seed(41), 2, 1, 8, 64, dtype=torch.float16)
+    seqlens = lens(4096, 100)
+    decode.decode_attention(q, k, v, seqlens, num_splits=8)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        decode.decode_attention(q, k, v, seqlens, num_splits=8)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode.decode_attention(q, k, v, seqlens, num_splits=8)
+    gen = torch.Generator().manual_seed(42)
+    for _ in range(20):
+        seqlens.copy_(torch.randint(1, 4097, (2,), generator=gen, dtype=torch.int32))
+        q.copy_(torch.randn(q.shape, generator=gen))
+        graph.replay()
+        assert torch.equal(out, decode.decode_attention(q, k, v, seqlens, num_splits=8))
+    assert all(int(p.tickets.abs().sum()) == 0 for p in decode._PREPARED.values() if p.tickets is not None)
+
+
 def test_the_last_programs_merge_tile_and_when_the_merge_kernel_takes_over():
     # the last program's (rows, splits, D) float32 tile stays within MERGE_TILE_FLOATS: fewer rows per step as the
     # splits and D grow, and the merge kernel when one row's splits alone are larger

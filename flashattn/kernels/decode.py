@@ -537,6 +537,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
     values of cache_seqlens and of the block table's pages in use are checked on the host (a synchronization)
     when not capturing (``torch.cuda.is_current_stream_capturing()``), once per version of those tensors; inside a
     capture nothing is checked, and the kernel clamps lengths and page numbers to the cache.
+
+    With splits, the programs of a call count on one ticket counter per row block, kept per problem (its shapes,
+    strides, dtypes and options) and back at 0 when the call ends: two calls of the same problem must not run at the
+    same time on two streams (calls on one stream, and replays of a graph, follow each other and are safe).
     """
     return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
                             softmax_scale=softmax_scale, num_splits=num_splits)
