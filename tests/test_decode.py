@@ -153,6 +153,12 @@ def test_both_merges_give_the_reference(merge, page_size):
     plans = [p.plan for p in decode._PREPARED.values() if p.plan.num_splits > 1]
     assert plans and all((p.merge_rows > 0) == (merge == "last program") for p in plans)
     assert all(int(p.tickets.abs().sum()) == 0 for p in decode._PREPARED.values() if p.tickets is not None)
+    if merge == "last program":  # prepared again (as after _PREPARED is emptied): the same tickets, which outlive it
+        before = {key: p.tickets for key, p in decode._PREPARED.items()}
+        decode._PREPARED.clear()
+        check(q, k, v, lens(Lq, 33, S_max), block_table=table, causal=causal, num_splits=num_splits, merge=merge)
+        (key, again), = decode._PREPARED.items()
+        assert again.tickets is before[key] and decode._TICKETS[key] is again.tickets
 
 
 @pytest.mark.skipif(runtime.MODE != "gpu", reason="CUDA graphs need a GPU")

@@ -413,9 +413,10 @@ class Prepared(NamedTuple):
     tickets: torch.Tensor | None
 
 
-# Every tickets tensor ever made stays alive: a CUDA graph that captured a launch keeps its address, and replays
-# after _PREPARED has been emptied must not write to freed memory. (One int32 per row block: bytes per problem.)
-_TICKETS: list = []
+# The tickets of each problem, by problem_key, kept for good (never emptied with _PREPARED): a CUDA graph that
+# captured a launch keeps their address, and its replays must not write to freed memory; a problem prepared again
+# gets its own tickets back (at 0 between calls), so this holds one small tensor per problem ever seen.
+_TICKETS: dict = {}
 
 
 _PREPARED: dict = {}
@@ -436,7 +437,7 @@ def problem_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax
 
 
 def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles,
-             merge=None) -> Prepared:
+             merge=None, key=None) -> Prepared:
     """The checks of the arguments' shapes, dtypes and devices (:func:`check_kvcache_inputs`), the plan and the
     bound launches of one problem."""
     p = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits,
@@ -465,8 +466,11 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_sc
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     merge_launch = tickets = None
     if plan.merge_rows:
-        tickets = torch.zeros(B * Hkv * plan.row_blocks, dtype=torch.int32, device=q.device)
-        _TICKETS.append(tickets)
+        tickets = _TICKETS.get(key) if key is not None else None
+        if tickets is None:
+            tickets = torch.zeros(B * Hkv * plan.row_blocks, dtype=torch.int32, device=q.device)
+            if key is not None:  # (no key: tensor subclasses, a call of their own, never captured in a graph)
+                _TICKETS[key] = tickets
     elif split:
         merge_launch = launch_cache.bind(
             decode_merge_kernel, (B * Lq * Hq,),
@@ -491,7 +495,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, ca
     prepared = _PREPARED.get(key) if key is not None else None
     if prepared is None:
         prepared = _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles,
-                            merge)
+                            merge, key)
         if key is not None:
             if len(_PREPARED) >= _MAX_PREPARED:
                 _PREPARED.clear()
