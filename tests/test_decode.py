@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import flashattn
 from flashattn import runtime
 from flashattn.kernels import decode
+from flashattn.measure.measurements.decode import cuda_graph_replay
 from flashattn.reference import reference_with_kvcache
 
 DEV = runtime.DEVICE
@@ -168,21 +169,16 @@ def test_a_cuda_graph_replays_the_last_programs_merge():
     k, v = contiguous_cache(2, 4096, 2, 64, torch.float16, seed=41)
     q = randn(torch.Generator().manual_seed(41), 2, 1, 8, 64, dtype=torch.float16)
     seqlens = lens(4096, 100)
+    captured = {}
     decode.decode_attention(q, k, v, seqlens, num_splits=8)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        decode.decode_attention(q, k, v, seqlens, num_splits=8)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = decode.decode_attention(q, k, v, seqlens, num_splits=8)
+    replay = cuda_graph_replay(lambda: captured.__setitem__("out", decode.decode_attention(q, k, v, seqlens,
+                                                                                           num_splits=8)))
     gen = torch.Generator().manual_seed(42)
     for _ in range(20):
         seqlens.copy_(torch.randint(1, 4097, (2,), generator=gen, dtype=torch.int32))
         q.copy_(torch.randn(q.shape, generator=gen))
-        graph.replay()
-        assert torch.equal(out, decode.decode_attention(q, k, v, seqlens, num_splits=8))
+        replay()
+        assert torch.equal(captured["out"], decode.decode_attention(q, k, v, seqlens, num_splits=8))
     assert all(int(p.tickets.abs().sum()) == 0 for p in decode._PREPARED.values() if p.tickets is not None)
 
 
