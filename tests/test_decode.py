@@ -225,7 +225,8 @@ def test_tile_configs_fit_the_shared_memory():
 
 
 def test_one_split_tiles(monkeypatch):
-    # unsplit launches of long 16-bit caches take ONE_SPLIT_TILES where they fit; anything else keeps the default
+    # launches of long 16-bit caches (unsplit) or long slices (split) take ONE_SPLIT_TILES where they fit; anything
+    # else keeps the default
     monkeypatch.setattr(decode.runtime, "MODE", "gpu")
     wide, default = decode.ONE_SPLIT_TILES[128], (64, 4, 3)
     long, short = decode.ONE_SPLIT_MIN_KEYS, decode.ONE_SPLIT_MIN_KEYS - 1
@@ -244,8 +245,24 @@ def test_one_split_tiles(monkeypatch):
         assert (plans[short].block_n, plans[short].num_warps, plans[short].num_stages) == (64, 4, 5)  # the default
     finally:
         decode.make_plan.cache_clear()
+    # split launches: by the keys of each split's slice, against SPLIT_WIDE_MIN_KEYS
+    slice_long, slice_short = decode.SPLIT_WIDE_MIN_KEYS, decode.SPLIT_WIDE_MIN_KEYS - 16
+    assert decode.one_split_tiles(128, torch.float16, 4 * slice_long, None, 16, default, 4) == wide
+    assert decode.one_split_tiles(128, torch.float16, 4 * slice_short, None, 16, default, 4) == default
+    assert decode.one_split_tiles(128, torch.float16, 4 * slice_long, small, 16, default, 4) == default
+    decode.make_plan.cache_clear()
+    try:
+        for S, splits, expected in ((131072, 16, wide), (131072, 4, wide), (32768, 4, wide), (32768, 16, default),
+                                    (16384, 4, default)):
+            plan = decode.make_plan(1, 1, 32, 8, 128, S, torch.float16, splits, DEV)
+            assert (plan.num_splits, (plan.block_n, plan.num_warps, plan.num_stages)) == (splits, expected), (S, splits)
+        explicit = decode.make_plan(1, 1, 32, 8, 128, 131072, torch.float16, 4, DEV, (64, 4, 3))
+        assert (explicit.block_n, explicit.num_stages) == (64, 3)  # tiles asked for are kept
+    finally:
+        decode.make_plan.cache_clear()
     monkeypatch.setattr(decode.runtime, "MODE", "interpreter")  # the interpreter's tiles stay its own
     assert decode.one_split_tiles(128, torch.float16, long, None, 16, (32, 4, 1)) == (32, 4, 1)
+    assert decode.one_split_tiles(128, torch.float16, 4 * slice_long, None, 16, (32, 4, 1), 4) == (32, 4, 1)
 
 
 @given(B=st.integers(1, 3), Lq=st.integers(1, 3), group=st.sampled_from([1, 2, 3]), Hkv=st.integers(1, 2),

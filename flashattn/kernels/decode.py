@@ -64,8 +64,14 @@ MAX_BLOCK_M = 64  # rows (query heads × queries) per program; more rows: more p
 # 32/8) read them with (128, 4, 3) at 98-105 % of the copy bandwidth against 85-91 % with TILES[128]'s default; at
 # 1k keys the two were level. Only where it fits the device's shared memory (with a block table, with the deeper
 # pipeline of paged_stages, as every launch).
+# A split launch gets them when each split's slice is SPLIT_WIDE_MIN_KEYS keys or more: tools/gpu/decode/long_slices.py
+# on the H200 (2026-12-03 11:26, fp16, D = 128, calls) read slices of 32k keys (4 splits of 128k: B = 4 with 32/8
+# heads, B = 1 with 32/32) at 101 % of the copy bandwidth against 95-96 % with the default, slices of 8k keys from
+# 0.4 % slower to 3 % faster (B = 1 with 32/8 heads at 128k and 16 splits: 90 % against 88 %), slices of 4k keys
+# 0.5 % slower.
 ONE_SPLIT_TILES = {128: (128, 4, 3)}
 ONE_SPLIT_MIN_KEYS = 4096
+SPLIT_WIDE_MIN_KEYS = 8192
 
 # The number of splits when num_splits=0 (:func:`choose_num_splits`): as many programs as fit PROGRAMS_PER_SM on
 # every SM at once (one wave), each with at least MIN_BLOCKS_PER_SPLIT key blocks. From tools/gpu/decode/waves.py
@@ -354,11 +360,13 @@ def paged_stages(num_stages: int) -> int:
 
 
 def one_split_tiles(D: int, dtype: torch.dtype, capacity: int, shared_memory: int | None, block_m: int,
-                    default: tuple) -> tuple:
-    """The tiles of an unsplit launch: ONE_SPLIT_TILES for 16-bit caches of ONE_SPLIT_MIN_KEYS keys or more where
-    they fit ``shared_memory``, else ``default``."""
+                    default: tuple, num_splits: int = 1) -> tuple:
+    """The tiles of a launch without explicit tiles: ONE_SPLIT_TILES for 16-bit caches whose programs each read
+    ONE_SPLIT_MIN_KEYS keys or more unsplit, SPLIT_WIDE_MIN_KEYS or more per split (``capacity`` // ``num_splits``),
+    where they fit ``shared_memory``; else ``default``."""
     wide = ONE_SPLIT_TILES.get(padded_head_dim(D))
-    if wide is None or dtype == torch.float32 or capacity < ONE_SPLIT_MIN_KEYS or runtime.MODE != "gpu":
+    keys, min_keys = capacity // num_splits, ONE_SPLIT_MIN_KEYS if num_splits == 1 else SPLIT_WIDE_MIN_KEYS
+    if wide is None or dtype == torch.float32 or keys < min_keys or runtime.MODE != "gpu":
         return default
     fits = shared_memory is None or shared_bytes(wide, D, torch.finfo(dtype).bits // 8, block_m) <= shared_memory
     return wide if fits else default
@@ -377,9 +385,9 @@ def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: 
     row_blocks = triton.cdiv(rows, block_m)
     if num_splits == 0:
         num_splits = choose_num_splits(B * Hkv * row_blocks, triton.cdiv(capacity, block_n), sm_count)
-    if tiles is None and num_splits == 1:
+    if tiles is None:
         block_n, num_warps, num_stages = one_split_tiles(D, dtype, capacity, shared_memory, block_m,
-                                                         (block_n, num_warps, num_stages))
+                                                         (block_n, num_warps, num_stages), num_splits)
     if paged and num_stages > 1:
         num_stages = paged_stages(num_stages)
     block_s = triton.next_power_of_2(num_splits)

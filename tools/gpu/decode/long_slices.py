@@ -8,9 +8,10 @@ long (8k keys: B = 1 with 32/8 heads at 128k and 16 splits, B = 4 or 32/32 heads
 0.97-0.98× SDPA and 88-98 % of the copy bandwidth. Here, at those cells (fp16, D = 128, Lq = 1, a full contiguous
 cache), the default tiles against wider ones × numbers of splits around the rule's, and SDPA, in interleaved
 rounds (waves.py's sweep): whether the rule should give split launches over slices of ONE_SPLIT_MIN_KEYS keys
-or more the wide tiles too (make_plan gives them to unsplit launches only). First run 2026-12-03 11:26 (calls,
+or more the wide tiles too (make_plan gave them to unsplit launches only). First run 2026-12-03 11:26 (calls,
 default merge): the wide tiles gained most on slices of 32k keys (4 splits of 128k), a little on slices of 8k, and
-nothing or less on 4k; make_plan does not use this yet (the committed decode_vs_sdpa was recorded without it).
+nothing or less on 4k; since then make_plan gives them to split launches with slices of SPLIT_WIDE_MIN_KEYS (8k)
+keys or more.
 $OUT/decode_long_slices.json holds every number.
 Without a GPU: a dry run of its plumbing at tiny sizes in the interpreter.
 """
