@@ -1,6 +1,8 @@
 """attention_with_kvcache (notebook 15): the split-KV kernels against the float64 reference, contiguous and paged,
 and the errors of bad input."""
 
+import functools
+
 import pytest
 import torch
 from helpers import DTYPES, TOL, rel_error
@@ -263,6 +265,40 @@ def test_one_split_tiles(monkeypatch):
     monkeypatch.setattr(decode.runtime, "MODE", "interpreter")  # the interpreter's tiles stay its own
     assert decode.one_split_tiles(128, torch.float16, long, None, 16, (32, 4, 1)) == (32, 4, 1)
     assert decode.one_split_tiles(128, torch.float16, 4 * slice_long, None, 16, (32, 4, 1), 4) == (32, 4, 1)
+
+
+def test_short_cache_tiles_when_the_default_needs_a_second_wave(monkeypatch):
+    # unsplit grids over short caches: SHORT_TILES where the default's programs need more than one wave and
+    # SHORT_TILES' fit in one (by shared memory); the H200's numbers: 132 SMs, 227 KiB per block
+    monkeypatch.setattr(decode.runtime, "MODE", "gpu")
+    short, default, sms, smem = decode.SHORT_TILES[128], (64, 4, 3), 132, 232448
+    per_default = decode.programs_per_sm(default, 128, 2, 16, smem)
+    per_short = decode.programs_per_sm(short, 128, 2, 16, smem)
+    assert (per_default, per_short) == (3, 6)
+    pick = functools.partial(decode.short_cache_tiles, 128, torch.float16, 1024)
+    assert pick(512, sms, smem, 16, default) == short  # B = 16 with 32/32 heads, B = 64 with 32/8
+    assert pick(sms * per_default, sms, smem, 16, default) == default  # one wave of the default
+    assert pick(sms * per_short + 1, sms, smem, 16, default) == default  # more than one wave either way
+    assert decode.short_cache_tiles(128, torch.float16, decode.ONE_SPLIT_MIN_KEYS, 512, sms, smem, 16,
+                                    default) == default  # a long cache: the wide tiles' business
+    assert decode.short_cache_tiles(128, torch.float32, 1024, 512, sms, smem, 16, default) == default
+    assert decode.short_cache_tiles(64, torch.float16, 1024, 512, sms, smem, 16, default) == default  # not measured
+    assert pick(512, sms, None, 16, default) == default  # no device facts
+    # make_plan, with the H200's facts: only the unsplit 512-program grids of the decode_vs_sdpa grid change
+    monkeypatch.setattr(decode, "_device_facts", lambda device: (sms, smem))
+    decode.make_plan.cache_clear()
+    try:
+        for B, Hkv, S, expected in ((64, 8, 1024, short), (16, 32, 1024, short), (16, 8, 1024, default),
+                                    (4, 32, 1024, default), (64, 32, 1024, default)):
+            plan = decode.make_plan(B, 1, 32, Hkv, 128, S, torch.float16, 0, DEV)
+            assert (plan.num_splits, (plan.block_n, plan.num_warps, plan.num_stages)) == (1, expected), (B, Hkv)
+        wide = decode.ONE_SPLIT_TILES[128]
+        assert decode.make_plan(64, 1, 32, 8, 128, 4096, torch.float16, 0, DEV).block_n == wide[0]
+        assert decode.make_plan(64, 1, 32, 8, 128, 1024, torch.float16, 1, DEV, (64, 4, 3)).block_n == 64  # asked for
+    finally:
+        decode.make_plan.cache_clear()
+    monkeypatch.setattr(decode.runtime, "MODE", "interpreter")
+    assert pick(512, sms, smem, 16, (32, 4, 1)) == (32, 4, 1)
 
 
 @given(B=st.integers(1, 3), Lq=st.integers(1, 3), group=st.sampled_from([1, 2, 3]), Hkv=st.integers(1, 2),

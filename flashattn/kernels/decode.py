@@ -73,6 +73,15 @@ ONE_SPLIT_TILES = {128: (128, 4, 3)}
 ONE_SPLIT_MIN_KEYS = 4096
 SPLIT_WIDE_MIN_KEYS = 8192
 
+# An unsplit launch over fewer than ONE_SPLIT_MIN_KEYS keys whose grid is more than one wave of the default tiles but
+# fits one wave of SHORT_TILES (programs per SM by shared memory, :func:`programs_per_sm`) takes SHORT_TILES: Nsight
+# Compute on the H200 (tools/gpu/decode/ncu_short.py, 2026-12-03) found the default's 512 programs over 1k keys (B = 16
+# with 32/32 heads, B = 64 with 32/8) in 1.29 waves (3 per SM) at 75 % of the DRAM bandwidth, SDPA's 512 in 1.94
+# waves at 84 %; tools/gpu/decode/residency.py (2026-12-03 11:48, fp16, D = 128, calls) read those cells with
+# (32, 4, 3), 4 or more per SM, at 82 % of the copy bandwidth against 75-76 % with the default (SDPA 81-82 %), and the
+# grids of 128 programs (one wave either way) faster with the default.
+SHORT_TILES = {128: (32, 4, 3)}
+
 # The number of splits when num_splits=0 (:func:`choose_num_splits`): as many programs as fit PROGRAMS_PER_SM on
 # every SM at once (one wave), each with at least MIN_BLOCKS_PER_SPLIT key blocks. From tools/gpu/decode/waves.py
 # and decode_vs_sdpa's split_curve on the H200: one program per SM read the cache as fast as two or faster (B = 1,
@@ -372,6 +381,26 @@ def one_split_tiles(D: int, dtype: torch.dtype, capacity: int, shared_memory: in
     return wide if fits else default
 
 
+def programs_per_sm(tiles: tuple, D: int, dtype_bytes: int, block_m: int, shared_memory: int) -> int:
+    """How many programs of these tiles share an SM by shared memory (``shared_memory``: the device's per-block
+    maximum, close to what an SM holds), by :func:`shared_bytes`' estimate; registers may allow fewer."""
+    return max(1, shared_memory // shared_bytes(tiles, D, dtype_bytes, block_m))
+
+
+def short_cache_tiles(D: int, dtype: torch.dtype, capacity: int, programs: int, sm_count: int,
+                      shared_memory: int | None, block_m: int, default: tuple) -> tuple:
+    """The tiles of an unsplit launch over a short cache (fewer than ONE_SPLIT_MIN_KEYS keys): SHORT_TILES where the
+    ``programs`` are more than one wave of ``default`` and at most one of SHORT_TILES, else ``default``."""
+    short = SHORT_TILES.get(padded_head_dim(D))
+    if (short is None or dtype == torch.float32 or capacity >= ONE_SPLIT_MIN_KEYS or shared_memory is None
+            or runtime.MODE != "gpu"):
+        return default
+    size = torch.finfo(dtype).bits // 8
+    waves_default = programs > sm_count * programs_per_sm(default, D, size, block_m, shared_memory)
+    one_wave_short = programs <= sm_count * programs_per_sm(short, D, size, block_m, shared_memory)
+    return short if waves_default and one_wave_short else default
+
+
 @functools.cache
 def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: torch.dtype, num_splits: int,
               device: torch.device, tiles: tuple | None = None, paged: bool = False, merge: str | None = None) -> Plan:
@@ -388,6 +417,9 @@ def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: 
     if tiles is None:
         block_n, num_warps, num_stages = one_split_tiles(D, dtype, capacity, shared_memory, block_m,
                                                          (block_n, num_warps, num_stages), num_splits)
+    if tiles is None and num_splits == 1:
+        block_n, num_warps, num_stages = short_cache_tiles(D, dtype, capacity, B * Hkv * row_blocks, sm_count,
+                                                           shared_memory, block_m, (block_n, num_warps, num_stages))
     if paged and num_stages > 1:
         num_stages = paged_stages(num_stages)
     block_s = triton.next_power_of_2(num_splits)
