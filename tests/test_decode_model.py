@@ -6,6 +6,7 @@ from helpers import rel_error
 
 import flashattn
 from flashattn import record, runtime
+from flashattn.kernels import decode
 from flashattn.measure.measurements import decode as measure
 from flashattn.measure.measurements import training
 from flashattn.models.gpt import GPTConfig, sdpa_with_kvcache
@@ -58,6 +59,8 @@ def test_decode_table_code_path():
     assert all(err < 3e-3 for err in row["rel_error"].values())
     assert row["share"]["sdpa"] == row["gbps"]["sdpa"] and set(row["vs_sdpa"]) == set(row["ms"]) - {"sdpa"}
     assert "graph" not in row  # no capture given: calls only
+    plan = decode.make_plan(1, 1, 4, 2, 16, 64, torch.float16, 0, runtime.DEVICE)
+    assert (row["num_splits"], row["tiles"]) == (plan.num_splits, [plan.block_n, plan.num_warps, plan.num_stages])
     curve = measure.split_curve(((1, 2, 64),), "float16", (1, 2), device=runtime.DEVICE, copy_gbps=1.0,
                                 timer=measure.wall_timer, rounds=1, D=16, page_size=16)
     assert curve[0]["splits"] == [1, 2] and len(curve[0]["share"]) == 2 and curve[0]["rule"] >= 1

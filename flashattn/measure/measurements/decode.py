@@ -210,8 +210,8 @@ def measure_cell(cell: dict, p: dict, *, copy_gbps: float, timer, rounds: int, f
         row["graph"] = {**_timings(cell, {name: timed[(name, "graph")] for name in replays}, copy_gbps),
                         "errors": graph_errors}
     dtype = getattr(torch, cell["dtype"])
-    row["num_splits"] = make_plan(cell["B"], 1, cell["Hq"], cell["Hkv"], cell["D"], cell["S"], dtype, 0,
-                                  p["q"].device).num_splits
+    plan = make_plan(cell["B"], 1, cell["Hq"], cell["Hkv"], cell["D"], cell["S"], dtype, 0, p["q"].device)
+    row["num_splits"], row["tiles"] = plan.num_splits, [plan.block_n, plan.num_warps, plan.num_stages]
     return row
 
 
