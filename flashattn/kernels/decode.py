@@ -74,12 +74,12 @@ ONE_SPLIT_MIN_KEYS = 4096
 SPLIT_WIDE_MIN_KEYS = 8192
 
 # An unsplit launch over fewer than ONE_SPLIT_MIN_KEYS keys whose grid is more than one wave of the default tiles but
-# fits one wave of SHORT_TILES (programs per SM by shared memory, :func:`programs_per_sm`) takes SHORT_TILES: Nsight
-# Compute on the H200 (tools/gpu/decode/ncu_short.py, 2026-12-03) found the default's 512 programs over 1k keys (B = 16
-# with 32/32 heads, B = 64 with 32/8) in 1.29 waves (3 per SM) at 75 % of the DRAM bandwidth, SDPA's 512 in 1.94
-# waves at 84 %; tools/gpu/decode/residency.py (2026-12-03 11:48, fp16, D = 128, calls) read those cells with
-# (32, 4, 3), 6 per SM by shared memory, at 82 % of the copy bandwidth against 75-76 % with the default (SDPA 81-82 %), and the
-# grids of 128 programs (one wave either way) faster with the default.
+# fits one wave of SHORT_TILES (programs per SM by shared memory, :func:`programs_per_sm`) takes SHORT_TILES. Nsight
+# Compute on the H200 (tools/gpu/decode/ncu_short.py, 2026-12-03) found the default's 512 programs over 1k keys
+# (B = 16 with 32/32 heads, B = 64 with 32/8) in 1.29 waves (3 per SM) at 75 % of the DRAM bandwidth, SDPA's 512 in
+# 1.94 waves at 84 %; tools/gpu/decode/residency.py (2026-12-03 11:48, fp16, D = 128, calls) read those cells with
+# (32, 4, 3), 6 per SM by shared memory, at 82 % of the copy bandwidth against 75-76 % with the default (SDPA
+# 81-82 %), and the grids of 128 programs (one wave either way) faster with the default.
 SHORT_TILES = {128: (32, 4, 3)}
 
 # The number of splits when num_splits=0 (:func:`choose_num_splits`): as many programs as fit PROGRAMS_PER_SM on
