@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import flashattn
 from flashattn import runtime
-from flashattn.kernels import decode
+from flashattn.kernels import decode, decode_plan
 from flashattn.measure.measurements.decode import cuda_graph_replay
 from flashattn.reference import reference_with_kvcache
 
@@ -139,7 +139,7 @@ def test_public_function_and_partials_merge_by_lse():
 @pytest.mark.parametrize("merge", ["kernel", "last program"])
 @pytest.mark.parametrize("page_size", [0, 16])
 def test_both_merges_give_the_reference(merge, page_size):
-    # the merge kernel (a second launch) and the last split program of each row block (decode.MERGE): ragged
+    # the merge kernel (a second launch) and the last split program of each row block (decode_plan.MERGE): ragged
     # lengths with empty splits, GQA, Lq = 1 and 3, causal and not, one row block and several (Lq = 20: 80 rows,
     # merged in steps of MERGE_ROWS rows), and a call repeated: the last program puts its ticket back to 0
     decode._PREPARED.clear()
@@ -229,7 +229,7 @@ def test_tile_configs_fit_the_shared_memory():
 def test_one_split_tiles(monkeypatch):
     # launches of long 16-bit caches (unsplit) or long slices (split) take ONE_SPLIT_TILES where they fit; anything
     # else keeps the default
-    monkeypatch.setattr(decode.runtime, "MODE", "gpu")
+    monkeypatch.setattr(decode_plan.runtime, "MODE", "gpu")
     wide, default = decode.ONE_SPLIT_TILES[128], (64, 4, 3)
     long, short = decode.ONE_SPLIT_MIN_KEYS, decode.ONE_SPLIT_MIN_KEYS - 1
     assert decode.one_split_tiles(128, torch.float16, long, None, 16, default) == wide
@@ -262,7 +262,7 @@ def test_one_split_tiles(monkeypatch):
         assert (explicit.block_n, explicit.num_stages) == (64, 3)  # tiles asked for are kept
     finally:
         decode.make_plan.cache_clear()
-    monkeypatch.setattr(decode.runtime, "MODE", "interpreter")  # the interpreter's tiles stay its own
+    monkeypatch.setattr(decode_plan.runtime, "MODE", "interpreter")  # the interpreter's tiles stay its own
     assert decode.one_split_tiles(128, torch.float16, long, None, 16, (32, 4, 1)) == (32, 4, 1)
     assert decode.one_split_tiles(128, torch.float16, 4 * slice_long, None, 16, (32, 4, 1), 4) == (32, 4, 1)
 
@@ -270,7 +270,7 @@ def test_one_split_tiles(monkeypatch):
 def test_short_cache_tiles_when_the_default_needs_a_second_wave(monkeypatch):
     # unsplit grids over short caches: SHORT_TILES where the default's programs need more than one wave and
     # SHORT_TILES' fit in one (by shared memory); the H200's numbers: 132 SMs, 227 KiB per block
-    monkeypatch.setattr(decode.runtime, "MODE", "gpu")
+    monkeypatch.setattr(decode_plan.runtime, "MODE", "gpu")
     short, default, sms, smem = decode.SHORT_TILES[128], (64, 4, 3), 132, 232448
     per_default = decode.programs_per_sm(default, 128, 2, 16, smem)
     per_short = decode.programs_per_sm(short, 128, 2, 16, smem)
@@ -285,7 +285,7 @@ def test_short_cache_tiles_when_the_default_needs_a_second_wave(monkeypatch):
     assert decode.short_cache_tiles(64, torch.float16, 1024, 512, sms, smem, 16, default) == default  # not measured
     assert pick(512, sms, None, 16, default) == default  # no device facts
     # make_plan, with the H200's facts: only the unsplit 512-program grids of the decode_vs_sdpa grid change
-    monkeypatch.setattr(decode, "_device_facts", lambda device: (sms, smem))
+    monkeypatch.setattr(decode_plan, "_device_facts", lambda device: (sms, smem))
     decode.make_plan.cache_clear()
     try:
         for B, Hkv, S, expected in ((64, 8, 1024, short), (16, 32, 1024, short), (16, 8, 1024, default),
@@ -297,7 +297,7 @@ def test_short_cache_tiles_when_the_default_needs_a_second_wave(monkeypatch):
         assert decode.make_plan(64, 1, 32, 8, 128, 1024, torch.float16, 1, DEV, (64, 4, 3)).block_n == 64  # asked for
     finally:
         decode.make_plan.cache_clear()
-    monkeypatch.setattr(decode.runtime, "MODE", "interpreter")
+    monkeypatch.setattr(decode_plan.runtime, "MODE", "interpreter")
     assert pick(512, sms, smem, 16, (32, 4, 1)) == (32, 4, 1)
 
 

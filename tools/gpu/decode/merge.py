@@ -1,5 +1,5 @@
 """GPU probe for who merges attention_with_kvcache's splits (issue 31): the merge kernel, a second launch, against
-the last split program of each row block (decode.MERGE = "last program": a ticket counter, one launch).
+the last split program of each row block (decode_plan.MERGE = "last program": a ticket counter, one launch).
 
     OUT=... python tools/gpu/decode/merge.py      # about 2 minutes on an H200
 

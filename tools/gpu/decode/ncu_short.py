@@ -3,12 +3,14 @@
     OUT=... python tools/gpu/decode/ncu_short.py      # about a minute on an H200; $OUT/decode_ncu_short.json
 
 decode_vs_sdpa (2026-12-03 11:48, CUDA-graph replays) has its unsplit launches of 512 programs over 1k keys (B = 16
-with 32/32 heads, B = 64 with 32/8) at 0.92-0.93× SDPA; residency.py found no tiles faster and merge.py no split.
-Before guessing again: ncu's view of each kernel of one call of ours and of SDPA's (fp16, D = 128, Lq = 1, a full
-contiguous cache) at those cells and at two for contrast (B = 1 with 32/8 heads at 4k, where both are far from the
-bandwidth, and at 128k with 16 splits): duration, DRAM throughput and bytes, achieved occupancy, waves, the
-launch's registers and shared memory, and the warps' stall reasons. Clocks as they come (--clock-control none);
-ncu runs every kernel alone with the caches flushed, so durations differ a little from the timing table.
+with 32/32 heads, B = 64 with 32/8) at 0.92-0.93× SDPA, and merge.py found no split faster. ncu's view of each
+kernel of one call of ours and of SDPA's (fp16, D = 128, Lq = 1, a full contiguous cache) at those cells and at
+two for contrast (B = 1 with 32/8 heads at 4k, where both are far from the bandwidth, and at 128k with 16
+splits): duration, DRAM throughput and bytes, achieved occupancy, waves, the launch's registers and shared memory,
+and the warps' stall reasons. First run 2026-12-03 13:28: the default's 512 programs ran in 1.29 waves at 75 % of
+the DRAM bandwidth, SDPA's (cuDNN's kernel) in 1.94 at 84 % (decode_plan.SHORT_TILES since). Clocks as they
+come (--clock-control none); ncu runs every kernel alone with the caches flushed, so durations differ a little from
+the timing table.
 Without ncu or a GPU it says so and writes what it found.
 """
 
@@ -24,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
+
+from flashattn.measure.profile import find_ncu  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "probe_out"))
 CELLS = [(64, 8, 1024), (16, 32, 1024), (1, 8, 4096), (1, 8, 131072)]  # (B, Hkv, S); Hq = 32
@@ -54,14 +58,9 @@ def target(B: int, Hkv: int, S: int) -> None:
         torch.cuda.nvtx.range_pop()
 
 
-def find_ncu() -> str | None:
-    from flashattn.measure.profile import find_ncu as find
-
-    return find()
-
-
 def parse(text: str) -> list[dict]:
-    """ncu --csv --page details: one dict per kernel launch, {kernel, range, metrics: {section/metric: value}}."""
+    """ncu --csv --page details: one dict per kernel launch, {kernel, grid, block, metrics: {section/metric [unit]:
+    value}}."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:

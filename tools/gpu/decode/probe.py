@@ -41,7 +41,7 @@ LOG: list[str] = []
 
 import flashattn  # noqa: E402  (after the constants: sets TRITON_INTERPRET when there is no GPU)
 from flashattn import runtime  # noqa: E402
-from flashattn.kernels import decode  # noqa: E402
+from flashattn.kernels import decode, decode_plan  # noqa: E402
 from flashattn.reference import reference_with_kvcache, rel_error  # noqa: E402
 
 DRY = runtime.MODE != "gpu"
@@ -234,7 +234,8 @@ def sweep(bandwidth: float) -> list[dict]:
     else:
         shapes = [(1, 8, 32768, 128), (1, 8, 131072, 128), (4, 32, 4096, 128), (16, 8, 16384, 128),
                   (1, 32, 131072, 128), (64, 8, 4096, 128), (1, 8, 1024, 128), (1, 32, 4096, 128)]
-        configs, choices = decode.tile_configs(128, torch.float16, decode._device_facts(DEV)[1]), (1, 4, 8, 16, 32, 64)
+        smem = decode_plan._device_facts(DEV)[1]
+        configs, choices = decode.tile_configs(128, torch.float16, smem), (1, 4, 8, 16, 32, 64)
         if QUICK:
             shapes = shapes[1:2]
     rows = []
@@ -245,7 +246,7 @@ def sweep(bandwidth: float) -> list[dict]:
         rows.append(sweep_shape(B, Hkv, S, D, "float16", bandwidth, configs, choices))
         torch.cuda.empty_cache() if not DRY else None
     if not DRY and not QUICK:
-        smem = decode._device_facts(DEV)[1]
+        smem = decode_plan._device_facts(DEV)[1]
         for D, dtype in ((64, "float16"), (256, "float16"), (128, "bfloat16")):
             if over_budget():
                 return rows
@@ -288,7 +289,8 @@ def page_sizes(bandwidth: float) -> list[dict]:
     for i, shape in enumerate(shapes):
         if over_budget():
             break
-        configs = () if DRY or QUICK or i else decode.tile_configs(128, torch.float16, decode._device_facts(DEV)[1])
+        smem = decode_plan._device_facts(DEV)[1]
+        configs = () if DRY or QUICK or i else decode.tile_configs(128, torch.float16, smem)
         rows.append(page_timing(*shape, bandwidth, configs))
     return rows
 

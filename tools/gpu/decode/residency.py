@@ -9,7 +9,7 @@ shared memory, so 3 fit on an SM: 396 places for 512 programs, a second, partial
 D = 128, Lq = 1, a full contiguous cache, one split), tiles with fewer stages or narrower steps, which let 4-6
 programs share an SM, against the default and SDPA, in interleaved rounds (waves.py's sweep). First run 2026-12-03
 11:48 (calls): (32, 4, 3) read the 512-program cells at 82 % of the copy bandwidth against the default's 75-76 %
-(SDPA 81-82 %); on the 128-program cells the default stayed the fastest (decode.SHORT_TILES since).
+(SDPA 81-82 %); on the 128-program cells the default stayed the fastest (decode_plan.SHORT_TILES since).
 $OUT/decode_residency.json holds every number. Without a GPU: a dry run of its plumbing at tiny sizes in the
 interpreter.
 """
