@@ -123,6 +123,11 @@ def _unique(mask4: torch.Tensor) -> torch.Tensor:
     return mask4[tuple(slice(0, 1) if mask4.stride(i) == 0 else slice(None) for i in range(4))]
 
 
+def _mask_dtype(spec: Spec):
+    """The dense mask's dtype (its kernels have their own tiles), None for windows and documents."""
+    return None if spec.mask is None else spec.mask.dtype
+
+
 def _tables(spec: Spec, L: int, S: int, tiles) -> mask_blocks.BlockTables:
     kinds = mask_blocks.classify(_unique(spec.mask), tiles[0], tiles[1], shape=(L, S), causal=spec.causal)
     return mask_blocks.block_tables(kinds, tiles[0], tiles[1])
@@ -154,7 +159,8 @@ def make_spec(q, k, v, *, causal=False, window=(-1, -1), attn_mask=None, cu_seql
 def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
     q4, k4, v4 = _as_4d(q, k, v, spec)
     (B, H, L, D), S = q4.shape, k4.shape[2]
-    tiles = _check_tiles("tiles", tiles) if tiles is not None else masked.tiles_for(q.dtype, D)[0]
+    tiles = (_check_tiles("tiles", tiles) if tiles is not None
+             else masked.tiles_for(q.dtype, D, mask=_mask_dtype(spec))[0])
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if spec.packed:
         lse = torch.empty((H, q.shape[0]), dtype=torch.float32, device=q.device)  # flash_attn_varlen_func's layout
@@ -182,9 +188,9 @@ def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
 def _backward(q, k, v, o, lse, do, spec: Spec, scale: float, dkdv_tiles, dq_tiles, counts) -> tuple:
     D = q.shape[-1]
     dkdv_tiles = (_check_tiles("dkdv_tiles", dkdv_tiles) if dkdv_tiles is not None
-                  else masked_bwd.tiles_for("dkdv", q.dtype, D)[0])
+                  else masked_bwd.tiles_for("dkdv", q.dtype, D, mask=_mask_dtype(spec))[0])
     dq_tiles = (_check_tiles("dq_tiles", dq_tiles) if dq_tiles is not None
-                else masked_bwd.tiles_for("dq", q.dtype, D)[0])
+                else masked_bwd.tiles_for("dq", q.dtype, D, mask=_mask_dtype(spec))[0])
     o, do = o.contiguous(), do.contiguous()
     delta = delta_rows(o, do)  # (B, H, L), or (total, H) packed
     q4, k4, v4 = _as_4d(q, k, v, spec)

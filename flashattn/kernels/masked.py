@@ -36,9 +36,8 @@ REACH = 1 << 30  # an unbounded window side (-1) as a distance no key is farther
 
 # Tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per padded head dimension, 16-bit inputs; the first is the
 # default. Ordered at D = 64 and 128 by tools/gpu/masks/probe.py's sweep on the H200 against FlexAttention
-# (2026-12-02: (64, 64, 4, 3) the fastest on the window and document problems, not on the padding one, where
-# (128, 64, 4, 2) was); the other head dimensions are not measured. Narrow key blocks waste less at a window's
-# edges; whole warpgroups (4 or 8 warps) as in fast's space.
+# (2026-12-02: (64, 64, 4, 3) the fastest on the window and document problems); the other head dimensions are not
+# measured. Narrow key blocks waste less at a window's edges; whole warpgroups (4 or 8 warps) as in fast's space.
 FORWARD_TILES = {
     16: [(128, 64, 4, 3), (64, 64, 4, 3)],
     32: [(128, 64, 4, 3), (64, 64, 4, 3)],
@@ -46,18 +45,37 @@ FORWARD_TILES = {
     128: [(64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 4, 3), (128, 128, 8, 2), (128, 64, 4, 2)],
     256: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2)],
 }
+# A dense attn_mask (attn_fwd_blocks): a key-padding mask leaves long runs of full tiles, where wide Q blocks pay.
+# The probe's sweep of the padding problem (B 4, 16 heads, N 16k, fp16 and bf16, 2026-12-03 15:34 UTC): at D = 64
+# (128, 64, 4, 3) took 0.83-0.84 of (64, 64, 4, 3)'s time ((128, 128, 4, 3) the same within 1 %), at D = 128
+# (128, 64, 4, 3) 0.91; 128 x 128 tiles with 8 warps were slower at both.
+MASK_FORWARD_TILES = {
+    **FORWARD_TILES,
+    64: [(128, 64, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
+    128: [(128, 64, 4, 3), (128, 64, 4, 2), (128, 128, 8, 2), (128, 64, 8, 2), (64, 64, 4, 3)],
+}
 FLOAT32_TILES = [(64, 32, 4, 2), (32, 32, 4, 2)]  # IEEE float32 on the CUDA cores: for checking, not speed
 INTERPRETER_TILES = (32, 32, 4, 1)  # small blocks: a test's few dozen keys still make several of them
 
 
-def tiles_for(dtype: torch.dtype, D: int, mode: str | None = None) -> list[tuple[int, int, int, int]]:
-    """The forward's tile candidates for this dtype and head dimension (the first is the default)."""
+def mask_tile_bytes(tiles: tuple, mask: torch.dtype | None) -> int:
+    """Shared memory a dense mask's element tiles take beside K and V (two in flight); 0 without one (windows and
+    documents compute their mask from indices). Booleans are read as bytes."""
+    return 0 if mask is None else 2 * (1 if mask == torch.bool else mask.itemsize) * tiles[0] * tiles[1]
+
+
+def tiles_for(dtype: torch.dtype, D: int, mode: str | None = None,
+              mask: torch.dtype | None = None) -> list[tuple[int, int, int, int]]:
+    """The forward's tile candidates for this dtype and head dimension (the first is the default): of
+    :func:`attn_fwd_window` (``mask`` None: windows, documents), or of :func:`attn_fwd_blocks` for a dense mask of
+    dtype ``mask``."""
     if (mode or runtime.MODE) == "interpreter":
         return [INTERPRETER_TILES]
-    space = list(FLOAT32_TILES) if dtype == torch.float32 else list(FORWARD_TILES[padded_head_dim(D)])
-    # a dense mask's tiles (float32 at most, two in flight) ride beside K and V
-    return fitting(space, FALLBACK_SPACE, lambda c: forward_shared_bytes(c, D, dtype, extra=8 * c[0] * c[1]),
-                   f"masked forward (D={D}, {dtype})")
+    table = FORWARD_TILES if mask is None else MASK_FORWARD_TILES
+    space = list(FLOAT32_TILES) if dtype == torch.float32 else list(table[padded_head_dim(D)])
+    return fitting(space, FALLBACK_SPACE,
+                   lambda c: forward_shared_bytes(c, D, dtype, extra=mask_tile_bytes(c, mask)),
+                   f"masked forward (D={D}, {dtype}{'' if mask is None else ', ' + str(mask) + ' mask'})")
 
 
 # --- the steps -----------------------------------------------------------------------------------------------

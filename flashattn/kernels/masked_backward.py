@@ -35,6 +35,7 @@ from .masked import (
     doc_bounds,
     mask_kind,
     mask_scores,
+    mask_tile_bytes,
     padded_head_dim,
     precision_of,
     table_strides,
@@ -57,20 +58,31 @@ DQ_TILES = {
     128: [(64, 64, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2)],
     256: [(64, 32, 8, 2), (16, 32, 4, 1)],
 }
+# A dense attn_mask (the blocks kernels): the padding problem's sweep (B 4, 16 heads, N 16k, 2026-12-03, two runs)
+# timed dK/dV (64, 64, 4, 3) at 0.92-0.97 of (32, 64, 4, 3)'s forward + backward, at D = 64 and 128, fp16 and bf16
+# ((128, 128, 8, 2) the same at D = 64, twice as slow at 128); no dQ tile beat the default by more than 2 %.
+MASK_DKDV_TILES = {
+    **DKDV_TILES,
+    64: [(64, 64, 4, 3), (32, 64, 4, 3), (64, 128, 8, 3), (128, 128, 8, 2)],
+    128: [(64, 64, 4, 3), (32, 64, 4, 3), (64, 128, 8, 2), (128, 128, 8, 2)],
+}
+MASK_DQ_TILES = DQ_TILES
 FLOAT32_TILES = [(32, 32, 8, 1), (16, 16, 4, 1)]
 INTERPRETER_TILES = (32, 32, 4, 1)
 
 
-def tiles_for(kernel: str, dtype: torch.dtype, D: int, mode: str | None = None) -> list[tuple[int, int, int, int]]:
-    """The tile candidates of ``kernel`` ("dkdv" or "dq") for this dtype and head dimension (the first: default)."""
+def tiles_for(kernel: str, dtype: torch.dtype, D: int, mode: str | None = None,
+              mask: torch.dtype | None = None) -> list[tuple[int, int, int, int]]:
+    """The tile candidates of ``kernel`` ("dkdv" or "dq") for this dtype and head dimension (the first: default):
+    of the window kernels (``mask`` None: windows, documents), or of the blocks kernels for a dense mask of dtype
+    ``mask``."""
     if (mode or runtime.MODE) == "interpreter":
         return [INTERPRETER_TILES]
-    space = list(FLOAT32_TILES) if dtype == torch.float32 else list({"dkdv": DKDV_TILES, "dq": DQ_TILES}[kernel][
-        padded_head_dim(D)])
-    # a dense mask's tiles (float32 at most, two in flight) ride beside the streamed tiles
-    return fitting(space, BACKWARD_FALLBACK_SPACE, lambda c: backward_shared_bytes(kernel, c, D, dtype,
-                                                                                   extra=8 * c[0] * c[1]),
-                   f"masked backward, {kernel} kernel (D={D}, {dtype})")
+    tables = {"dkdv": DKDV_TILES, "dq": DQ_TILES} if mask is None else {"dkdv": MASK_DKDV_TILES, "dq": MASK_DQ_TILES}
+    space = list(FLOAT32_TILES) if dtype == torch.float32 else list(tables[kernel][padded_head_dim(D)])
+    return fitting(space, BACKWARD_FALLBACK_SPACE,
+                   lambda c: backward_shared_bytes(kernel, c, D, dtype, extra=mask_tile_bytes(c, mask)),
+                   f"masked backward, {kernel} kernel (D={D}, {dtype}{'' if mask is None else ', ' + str(mask) + ' mask'})")
 
 
 # --- the steps -----------------------------------------------------------------------------------------------

@@ -282,7 +282,7 @@ def measure_cell(p: Problem, dtype_name: str, D: int, training: bool, fns: dict,
         full_ms[full_key] = ms["fast_full"]
     ms["fast_full"] = full_ms.get(full_key)
     flop = 4 * D * HEADS * kept_pairs(p) * (TRAINING_FACTOR if training else 1)
-    bm, bn = masked.tiles_for(dtype, D)[0][:2]
+    bm, bn = masked.tiles_for(dtype, D, mask=torch.bool if p.kind == "padding" else None)[0][:2]
     ours_tiles = computed_tiles(tile_kinds(p, bm, bn, device, per_document=p.kind == "documents"))
     full_pairs = p.B * (p.N * (p.N + 1) // 2 if p.causal else p.N * p.N)
     flex_tiles = computed_tiles(tile_kinds(p, FLEX_BLOCK, FLEX_BLOCK, device))

@@ -3,6 +3,7 @@
     python tools/gpu/masks/probe.py               # summary on stdout; details in $OUT/masks_probe.json and .log
     PROBE_DRY=1 python tools/gpu/masks/probe.py   # the same script on the CPU, interpreter, toy sizes (checks it)
     PROBE_SHAPES=2,3 python tools/gpu/masks/probe.py   # the sweep on some shapes only (the rest of a budget cut)
+    PROBE_PHASES=sweep PROBE_DTYPES=float16,bfloat16 ...     # some phases only; the sweep in these dtypes
 
 1. compiles our masked kernels for every tile candidate of the timed shapes in parallel worker processes
    (Triton's disk cache then serves this process);
@@ -43,6 +44,11 @@ CHECKED = (("float16", 32),) if DRY else (("float16", 64), ("float16", 128), ("b
                                           ("float16", 96))
 # PROBE_SHAPES=0,2: sweep only these of problems() (by index; default: all, in order, while the budget lasts)
 SHAPES = [int(i) for i in os.environ.get("PROBE_SHAPES", "").split(",") if i.strip()]
+# PROBE_PHASES=sweep,triton_paths: only these phases (default: all, in order: correctness, dense_masks, sweep,
+# proportionality, triton_paths)
+PHASES = [name for name in os.environ.get("PROBE_PHASES", "").split(",") if name.strip()]
+# PROBE_DTYPES=float16,bfloat16: sweep every chosen shape in each (default: float16 on all, bfloat16 on the first)
+SWEEP_DTYPES = [name for name in os.environ.get("PROBE_DTYPES", "").split(",") if name.strip()]
 
 
 def log(*args):
@@ -63,7 +69,9 @@ def problems():
     return [("window 1k, N=16k, D=128", Problem("window", 16384, window=1024), 128),
             ("documents, N=16k, D=128", Problem("documents", 16384, lengths=document_lengths(16384)), 128),
             ("window 256, N=16k, D=64", Problem("window", 16384, window=256), 64),
-            ("padding, B=4 N=16k, D=128", Problem("padding", 16384, B=4, lengths=padding_lengths(4, 16384)), 128)]
+            ("padding, B=4 N=16k, D=128", Problem("padding", 16384, B=4, lengths=padding_lengths(4, 16384)), 128),
+            ("padding, B=4 N=16k, D=64", Problem("padding", 16384, B=4, lengths=padding_lengths(4, 16384)), 64),
+            ("window 256, N=64k, D=64", Problem("window", 65536, window=256), 64)]
 
 
 def make(p, D, dtype_name, heads=HEADS):
@@ -116,14 +124,17 @@ def rounds(fns, n=3):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def candidates(D, dtype_name):
+def candidates(D, dtype_name, kind):
+    """The (forward, dK/dV, dQ) tiles the sweep times: the dense mask's kernels' for padding, the window kernels'
+    for the rest."""
     import torch
 
     from flashattn.kernels import masked, masked_backward
 
     dtype = getattr(torch, dtype_name)
-    return (masked.tiles_for(dtype, D), masked_backward.tiles_for("dkdv", dtype, D),
-            masked_backward.tiles_for("dq", dtype, D))
+    mask = torch.bool if kind == "padding" else None
+    return (masked.tiles_for(dtype, D, mask=mask), masked_backward.tiles_for("dkdv", dtype, D, mask=mask),
+            masked_backward.tiles_for("dq", dtype, D, mask=mask))
 
 
 # --- phases ------------------------------------------------------------------------------------------------
@@ -153,14 +164,19 @@ def compile_task(task):
         return name, str(tiles), time.time() - t0, f"{type(err).__name__}: {str(err)[:200]}"
 
 
+def swept():
+    """The shapes the sweep times: PROBE_SHAPES's, or all."""
+    return [shape for i, shape in enumerate(problems()) if not SHAPES or i in SHAPES]
+
+
 def precompile():
     tasks = []
-    for name, _p, D in problems():
-        fwd, dkdv, dq = candidates(D, "float16")
+    for name, p, D in swept():
+        fwd, dkdv, dq = candidates(D, "float16", p.kind)
         tasks += [(name, "float16", t, None, None) for t in fwd]
         tasks += [(name, "float16", fwd[0], t, dq[0]) for t in dkdv] + [(name, "float16", fwd[0], dkdv[0], t)
                                                                         for t in dq[1:]]
-    for dt, D in CHECKED:  # the correctness phase's kernels, at their default tiles
+    for dt, D in CHECKED if not PHASES or "correctness" in PHASES else ():  # the correctness phase's kernels
         for kind in ("window", "documents", "padding"):
             tasks.append((f"check {kind} {D}", dt, None, None, None))
     workers = max(1, min(14, (os.cpu_count() or 4) - 2))
@@ -285,7 +301,7 @@ def sweep_one(name, p, D, dt, flex) -> dict:
     from flashattn.measure.measurements.masks import flex_block_mask
 
     compiled, state, mods = flex
-    fwd, dkdv, dq = candidates(D, dt)
+    fwd, dkdv, dq = candidates(D, dt, p.kind)
     q, k, v, do = make(p, D, dt)
     block_mask = flex_block_mask(p, state, mods, runtime.DEVICE)
     leaves = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
@@ -343,8 +359,11 @@ def first_calls(fns: dict, where: str) -> dict:
 def sweep(results, flex):
     """fp16 on every shape, then bf16 on the first (each costs FlexAttention two compiles, about half a minute),
     while the budget lasts; PROBE_SHAPES narrows it."""
-    shapes = [shape for i, shape in enumerate(problems()) if not SHAPES or i in SHAPES]
-    order = [(shape, "float16") for shape in shapes] + ([] if DRY or not shapes else [(shapes[0], "bfloat16")])
+    shapes = swept()
+    if SWEEP_DTYPES:
+        order = [(shape, dt) for shape in shapes for dt in SWEEP_DTYPES]
+    else:
+        order = [(shape, "float16") for shape in shapes] + ([] if DRY or not shapes else [(shapes[0], "bfloat16")])
     rows = []
     for (name, p, D), dt in order:
         if time.time() - T0 > BUDGET_S:
@@ -382,6 +401,46 @@ def proportional_one(N: int, D: int) -> dict:
     return row
 
 
+def triton_paths(results):
+    """Time per tile of the kernels a dense mask could run on, at the padding problem's size with every key kept
+    (B 4, 16 heads, N 16k, not causal, fp16): the blocks kernel (every tile full), fast's Triton kernel with and
+    without TMA descriptors at the same tiles, and fast's default (Gluon on Hopper). Which of the blocks kernel's
+    costs is its loads, and which its tiles?"""
+    import torch
+
+    from flashattn.kernels import VARIANTS, masked
+
+    N, B = (256, 2) if DRY else (16384, 4)
+    rows = []
+    for D in ((32,) if DRY else (64, 128)):
+        p = type("P", (), {"B": B, "N": N})
+        q, k, v, _ = make(p, D, "float16")
+        keep = torch.ones(B, 1, 1, N, dtype=torch.bool, device=q.device)
+        tiles = [masked.tiles_for(q.dtype, D, mask=torch.bool)[0]]
+        tiles += [] if DRY else [{64: (128, 128, 8, 3), 128: (128, 128, 8, 2)}[D]]
+        fns = {"fast default": functools.partial(VARIANTS["fast"], q, k, v, causal=False)}
+        for t in tiles:
+            bm, bn, w, st = t
+            fns[f"blocks {t}"] = functools.partial(masking_forward, q, k, v, keep.expand(B, HEADS, N, N), t)
+            for tma in (False, True) if t == tiles[-1] else (False,):
+                fns[f"fast triton {t} tma={tma}"] = functools.partial(
+                    VARIANTS["fast"], q, k, v, causal=False, gluon=False, use_tma=tma, block_m=bm, block_n=bn,
+                    num_warps=w, num_stages=st, autotune=False)
+        with torch.no_grad():
+            ms = rounds(first_calls(fns, f"triton paths D={D}"))
+        flop = 4 * B * HEADS * N * N * D
+        row = {"D": D, "ms": ms, "tflops": {n: flop / (t * 1e-3) / 1e12 for n, t in ms.items()}}
+        log(f"  triton paths D={D}: " + ", ".join(f"{n} {t:.0f}" for n, t in row["tflops"].items()) + " TFLOP/s")
+        rows.append(row)
+    results["triton_paths"] = rows
+
+
+def masking_forward(q, k, v, mask, tiles):
+    from flashattn import masking
+
+    return masking.masked_forward(q, k, v, attn_mask=mask, tiles=tiles)[0]
+
+
 def summary(results):
     lines = ["", "=== masks probe summary ==="]
     bad = [r for r in results.get("correctness", []) if "error" in r or r["forward"] > TOL[r["dtype"]]
@@ -410,7 +469,14 @@ def main():
     results = {"dry": DRY}
     if not DRY:
         precompile()
-    for phase in (correctness, dense_masks, lambda r: sweep(r, flex_setup()), proportionality):
+    phases = {"correctness": correctness, "dense_masks": dense_masks, "sweep": lambda r: sweep(r, flex_setup()),
+              "proportionality": proportionality, "triton_paths": triton_paths}
+    unknown = sorted(set(PHASES) - set(phases))
+    if unknown:
+        raise SystemExit(f"PROBE_PHASES: unknown {unknown}; accepted: {', '.join(phases)}")
+    for name, phase in phases.items():
+        if PHASES and name not in PHASES:
+            continue
         try:
             phase(results)
         except Exception as err:  # noqa: BLE001 - keep what the other phases found
