@@ -299,3 +299,36 @@ def test_masks_at_full_size_on_gpu(dtype):
     out, grads = forward_backward(q, k, v, do, causal=True, window=(1023, 0))
     check(out, grads, *torch_reference(q, k, v, do, mb.window_mask(4096, 4096, (1023, 0), True, device=q.device)),
           dtype)
+
+
+def test_a_dense_mask_takes_its_own_tiles(monkeypatch):
+    """The blocks kernels (a dense attn_mask) have their own tile tables, chosen with the mask's dtype; windows and
+    documents keep the window kernels' (no mask tile in shared memory)."""
+    from flashattn.kernels import masked, masked_backward
+
+    assert masked.mask_tile_bytes((128, 64), None) == 0
+    assert masked.mask_tile_bytes((128, 64), torch.bool) == 2 * 128 * 64
+    assert masked.mask_tile_bytes((128, 64), torch.float32) == 8 * 128 * 64
+    for D in (64, 128):
+        dense = masked.tiles_for(torch.float16, D, mode="gpu", mask=torch.bool)[0]
+        assert dense == masked.MASK_FORWARD_TILES[D][0] != masked.tiles_for(torch.float16, D, mode="gpu")[0]
+        assert (masked_backward.tiles_for("dkdv", torch.float16, D, mode="gpu", mask=torch.bool)[0]
+                == masked_backward.MASK_DKDV_TILES[D][0] != masked_backward.tiles_for("dkdv", torch.float16, D,
+                                                                                     mode="gpu")[0])
+    asked = []
+    forward_tiles, backward_tiles = masked.tiles_for, masked_backward.tiles_for
+    monkeypatch.setattr(masked, "tiles_for", lambda *a, mask=None, **kw: asked.append(("fwd", mask))
+                        or forward_tiles(*a, mask=mask, **kw))
+    monkeypatch.setattr(masked_backward, "tiles_for", lambda kernel, *a, mask=None, **kw: asked.append((kernel, mask))
+                        or backward_tiles(kernel, *a, mask=mask, **kw))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (randn(1, 2, 40, 16, dtype=torch.float32, gen=gen) for _ in range(4))
+    for mask, kwargs in ((torch.bool, dict(attn_mask=torch.rand(40, 40, generator=gen).to(runtime.DEVICE) < 0.5)),
+                         (torch.float32, dict(attn_mask=torch.randn(40, 40, generator=gen).to(runtime.DEVICE))),
+                         (None, dict(window=(7, 0), causal=True))):
+        asked.clear()
+        if "attn_mask" in kwargs:
+            kwargs["attn_mask"] = kwargs["attn_mask"].expand(1, 2, 40, 40)
+        o, lse = masking.masked_forward(q, k, v, **kwargs)
+        masking.masked_backward(q, k, v, o, lse, do, **kwargs)
+        assert asked == [("fwd", mask), ("dkdv", mask), ("dq", mask)], asked
