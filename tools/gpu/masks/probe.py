@@ -71,7 +71,9 @@ def problems():
             ("window 256, N=16k, D=64", Problem("window", 16384, window=256), 64),
             ("padding, B=4 N=16k, D=128", Problem("padding", 16384, B=4, lengths=padding_lengths(4, 16384)), 128),
             ("padding, B=4 N=16k, D=64", Problem("padding", 16384, B=4, lengths=padding_lengths(4, 16384)), 64),
-            ("window 256, N=64k, D=64", Problem("window", 65536, window=256), 64)]
+            ("window 256, N=64k, D=64", Problem("window", 65536, window=256), 64),
+            ("window 4k, N=64k, D=64", Problem("window", 65536, window=4096), 64),
+            ("window 1k, N=16k, D=64", Problem("window", 16384, window=1024), 64)]
 
 
 def make(p, D, dtype_name, heads=HEADS):
