@@ -128,6 +128,13 @@ def _mask_dtype(spec: Spec):
     return None if spec.mask is None else spec.mask.dtype
 
 
+def default_tiles(dtype: torch.dtype, D: int, mask: torch.dtype | None = None, mode: str | None = None) -> tuple:
+    """The (forward, dK/dV, dQ) tiles masked attention launches with when none are given: the window kernels'
+    (``mask`` None: windows, documents), or the blocks kernels' for a dense mask of dtype ``mask``."""
+    return (masked.tiles_for(dtype, D, mode, mask=mask)[0],
+            *(masked_bwd.tiles_for(kernel, dtype, D, mode, mask=mask)[0] for kernel in ("dkdv", "dq")))
+
+
 def _tables(spec: Spec, L: int, S: int, tiles) -> mask_blocks.BlockTables:
     kinds = mask_blocks.classify(_unique(spec.mask), tiles[0], tiles[1], shape=(L, S), causal=spec.causal)
     return mask_blocks.block_tables(kinds, tiles[0], tiles[1])

@@ -17,10 +17,6 @@ def captured(run) -> list[tuple]:
 
 def launches(D: int, dtype=torch.float16) -> dict:
     """Every masked kernel once, as the forward and backward launch it for a GPU (its default tiles there)."""
-    def mask_tiles(mask=None):  # (forward, dK/dV, dQ) defaults: a dense mask's kernels have their own
-        return (masked.tiles_for(dtype, D, mode="gpu", mask=mask)[0],
-                *(masked_backward.tiles_for(k, dtype, D, mode="gpu", mask=mask)[0] for k in ("dkdv", "dq")))
-
     dev = runtime.DEVICE  # the launches are captured, not run, but the checks before them want this mode's tensors
     q, k, v, do = (torch.randn(1, 2, 256, D, dtype=dtype, device=dev) for _ in range(4))
     o, lse = torch.empty_like(q), torch.zeros(1, 2, 256, device=dev)
@@ -37,7 +33,7 @@ def launches(D: int, dtype=torch.float16) -> dict:
         args = packed[:3] if name == "documents" else (q, k, v)
         out = (packed[4], lse[0]) if name == "documents" else (o, lse)
         grad = packed[3] if name == "documents" else do
-        fwd, dkdv, dq = mask_tiles(torch.bool if name == "attn_mask" else None)
+        fwd, dkdv, dq = masking.default_tiles(dtype, D, torch.bool if name == "attn_mask" else None, mode="gpu")
         runs = captured(lambda args=args, kw=kw, out=out, grad=grad, fwd=fwd, dkdv=dkdv, dq=dq: (
             masking.masked_forward(*args, tiles=fwd, **kw),
             masking.masked_backward(*args, *out, grad, dkdv_tiles=dkdv, dq_tiles=dq, **kw)))

@@ -194,10 +194,6 @@ def _captured_launches(where: device.Target, D: int, dtype: torch.dtype) -> dict
     from flashattn import masking
     from flashattn.kernels import decode, launch_cache, mask_blocks, masked, masked_backward
 
-    def mask_tiles(mask=None):  # (forward, dK/dV, dQ) defaults: a dense mask's kernels have their own
-        return (masked.tiles_for(dtype, D, mode="gpu", mask=mask)[0],
-                *(masked_backward.tiles_for(k, dtype, D, mode="gpu", mask=mask)[0] for k in ("dkdv", "dq")))
-
     dev = runtime.DEVICE  # the host code checks its inputs as a launch would (CUDA tensors in GPU mode)
     q, k, v, do = (torch.zeros(1, 2, N, D, dtype=dtype, device=dev) for _ in range(4))
     o, lse = torch.empty_like(q), torch.zeros(1, 2, N, device=dev)
@@ -211,7 +207,7 @@ def _captured_launches(where: device.Target, D: int, dtype: torch.dtype) -> dict
         for name, kw in masks.items():
             args, out, grad = ((packed[:3], (packed[4], lse[0]), packed[3]) if name == "documents"
                                else ((q, k, v), (o, lse), do))
-            fwd, dkdv, dq = mask_tiles(torch.bool if name == "attn_mask" else None)
+            fwd, dkdv, dq = masking.default_tiles(dtype, D, torch.bool if name == "attn_mask" else None, mode="gpu")
             masking.masked_forward(*args, causal=True, tiles=fwd, **kw)
             masking.masked_backward(*args, *out, grad, causal=True, dkdv_tiles=dkdv, dq_tiles=dq, **kw)
         tiles = decode.tile_configs(D, dtype, where.shared_bytes, mode="gpu")[0]

@@ -119,6 +119,12 @@ def dense_mask(p: Problem, device) -> torch.Tensor:
     return mask_blocks.padding_mask(p.lengths, p.N, device=device)
 
 
+def mask_dtype(p: Problem):
+    """The dtype of the dense mask ours runs the problem with (padding: the drop-in's boolean attn_mask); None for
+    windows and documents, which have their own kernels (``masking.default_tiles`` takes it)."""
+    return torch.bool if p.kind == "padding" else None
+
+
 def tile_kinds(p: Problem, block_m: int, block_n: int, device=None, per_document: bool = False) -> torch.Tensor:
     """The tile kinds of the mask at these blocks: (B or 1, 1, Tm, Tn); ``per_document``: the packed documents'
     tiles as ``attention_varlen`` cuts them (blocks starting at each document), summed into one (1, 1, 2) count
@@ -282,7 +288,7 @@ def measure_cell(p: Problem, dtype_name: str, D: int, training: bool, fns: dict,
         full_ms[full_key] = ms["fast_full"]
     ms["fast_full"] = full_ms.get(full_key)
     flop = 4 * D * HEADS * kept_pairs(p) * (TRAINING_FACTOR if training else 1)
-    bm, bn = masked.tiles_for(dtype, D, mask=torch.bool if p.kind == "padding" else None)[0][:2]
+    bm, bn = masked.tiles_for(dtype, D, mask=mask_dtype(p))[0][:2]
     ours_tiles = computed_tiles(tile_kinds(p, bm, bn, device, per_document=p.kind == "documents"))
     full_pairs = p.B * (p.N * (p.N + 1) // 2 if p.causal else p.N * p.N)
     flex_tiles = computed_tiles(tile_kinds(p, FLEX_BLOCK, FLEX_BLOCK, device))

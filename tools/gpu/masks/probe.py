@@ -126,15 +126,16 @@ def rounds(fns, n=3):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def candidates(D, dtype_name, kind):
+def candidates(D, dtype_name, p):
     """The (forward, dK/dV, dQ) tiles the sweep times: the dense mask's kernels' for padding, the window kernels'
     for the rest."""
     import torch
 
     from flashattn.kernels import masked, masked_backward
+    from flashattn.measure.measurements.masks import mask_dtype
 
     dtype = getattr(torch, dtype_name)
-    mask = torch.bool if kind == "padding" else None
+    mask = mask_dtype(p)
     return (masked.tiles_for(dtype, D, mask=mask), masked_backward.tiles_for("dkdv", dtype, D, mask=mask),
             masked_backward.tiles_for("dq", dtype, D, mask=mask))
 
@@ -174,7 +175,7 @@ def swept():
 def precompile():
     tasks = []
     for name, p, D in swept():
-        fwd, dkdv, dq = candidates(D, "float16", p.kind)
+        fwd, dkdv, dq = candidates(D, "float16", p)
         tasks += [(name, "float16", t, None, None) for t in fwd]
         tasks += [(name, "float16", fwd[0], t, dq[0]) for t in dkdv] + [(name, "float16", fwd[0], dkdv[0], t)
                                                                         for t in dq[1:]]
@@ -303,7 +304,7 @@ def sweep_one(name, p, D, dt, flex) -> dict:
     from flashattn.measure.measurements.masks import flex_block_mask
 
     compiled, state, mods = flex
-    fwd, dkdv, dq = candidates(D, dt, p.kind)
+    fwd, dkdv, dq = candidates(D, dt, p)
     q, k, v, do = make(p, D, dt)
     block_mask = flex_block_mask(p, state, mods, runtime.DEVICE)
     leaves = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
@@ -411,19 +412,19 @@ def triton_paths(results):
     import torch
 
     from flashattn.kernels import VARIANTS, masked
+    from flashattn.measure.measurements.masks import Problem
 
     N, B = (256, 2) if DRY else (16384, 4)
+    p = Problem("padding", N, B=B, lengths=(N,) * B)  # no padding: every key kept, every tile full
     rows = []
     for D in ((32,) if DRY else (64, 128)):
-        p = type("P", (), {"B": B, "N": N})
         q, k, v, _ = make(p, D, "float16")
-        keep = torch.ones(B, 1, 1, N, dtype=torch.bool, device=q.device)
         tiles = [masked.tiles_for(q.dtype, D, mask=torch.bool)[0]]
         tiles += [] if DRY else [{64: (128, 128, 8, 3), 128: (128, 128, 8, 2)}[D]]
         fns = {"fast default": functools.partial(VARIANTS["fast"], q, k, v, causal=False)}
         for t in tiles:
             bm, bn, w, st = t
-            fns[f"blocks {t}"] = functools.partial(masking_forward, q, k, v, keep.expand(B, HEADS, N, N), t)
+            fns[f"blocks {t}"] = functools.partial(ours, p, q, k, v, None, t)
             for tma in (False, True) if t == tiles[-1] else (False,):
                 fns[f"fast triton {t} tma={tma}"] = functools.partial(
                     VARIANTS["fast"], q, k, v, causal=False, gluon=False, use_tma=tma, block_m=bm, block_n=bn,
@@ -435,12 +436,6 @@ def triton_paths(results):
         log(f"  triton paths D={D}: " + ", ".join(f"{n} {t:.0f}" for n, t in row["tflops"].items()) + " TFLOP/s")
         rows.append(row)
     results["triton_paths"] = rows
-
-
-def masking_forward(q, k, v, mask, tiles):
-    from flashattn import masking
-
-    return masking.masked_forward(q, k, v, attn_mask=mask, tiles=tiles)[0]
 
 
 def summary(results):
