@@ -25,7 +25,7 @@ from torch.autograd.function import once_differentiable
 from flashattn.kernels import mask_blocks, masked
 from flashattn.kernels import masked_backward as masked_bwd
 from flashattn.kernels.fast_backward import delta_rows
-from flashattn.kernels.fast_options import check_tiles
+from flashattn.kernels.fast_options import check_tiles, gluon_available
 from flashattn.validate import check_attention_inputs
 
 HEAD_DIMS = range(1, 257)
@@ -135,6 +135,22 @@ def default_tiles(dtype: torch.dtype, D: int, mask: torch.dtype | None = None, m
             *(masked_bwd.tiles_for(kernel, dtype, D, mode, mask=mask)[0] for kernel in ("dkdv", "dq")))
 
 
+def _gluon_window(q4, k4, v4, spec: Spec, tiles, counts) -> bool:
+    """Whether the forward runs fast's Gluon kernel with a window (``fast_gluon.py``): a causal sliding window (query
+    i sees keys i - left .. i) on Hopper, 16-bit, D = 64 or 128, as many keys as queries, one K/V head per query
+    head, inputs it reads in place. Explicit ``tiles`` and ``counts`` take the Triton kernel (it counts its
+    blocks); so does everything else."""
+    if (tiles is not None or counts is not None or spec.packed or spec.mask is not None or spec.left < 0
+            or spec.right != 0):
+        return False
+    (B, H, L, D), (Hkv, S) = q4.shape, k4.shape[1:3]
+    if not (gluon_available(q4.dtype, D) and L == S and H == Hkv and B * H * L < 2**31):
+        return False
+    from flashattn.kernels.descriptors import heads_in_columns
+
+    return heads_in_columns(q4, k4, v4) is not None
+
+
 def _tables(spec: Spec, L: int, S: int, tiles) -> mask_blocks.BlockTables:
     kinds = mask_blocks.classify(_unique(spec.mask), tiles[0], tiles[1], shape=(L, S), causal=spec.causal)
     return mask_blocks.block_tables(kinds, tiles[0], tiles[1])
@@ -166,6 +182,7 @@ def make_spec(q, k, v, *, causal=False, window=(-1, -1), attn_mask=None, cu_seql
 def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
     q4, k4, v4 = _as_4d(q, k, v, spec)
     (B, H, L, D), S = q4.shape, k4.shape[2]
+    gluon = _gluon_window(q4, k4, v4, spec, tiles, counts)
     tiles = (_check_tiles("tiles", tiles) if tiles is not None
              else masked.tiles_for(q.dtype, D, mask=_mask_dtype(spec))[0])
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -180,6 +197,11 @@ def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
                                                          device=q.device)
         masked.forward_blocks(q4, k4, v4, o4, lse3, spec.mask, _tables(spec, L, S, tiles), causal=spec.causal,
                               scale=scale, tiles=tiles, counts=found)
+    elif gluon:
+        from flashattn.kernels import fast_gluon
+
+        fast_gluon.launch(q4, k4, v4, o4, lse3, True, scale, True, masked.gluon_window_options(q.dtype, D),
+                          left=spec.left)
     else:
         docs = spec.cu_q.numel() - 1 if spec.packed else B
         found = None if counts is None else torch.zeros((H, docs, -(-(spec.max_q or L) // tiles[0]), 2),

@@ -80,19 +80,28 @@ def _load_tile(desc, bars, ring, slot, row, col, pred):
 
 
 @gluon.jit
-def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale,
-             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale, left,
+             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, s_layout: gl.constexpr):
     """Block j's online-softmax step: returns ``pij``, the new ``mi`` and ``li``, and ``alpha``."""
-    # only the causal diagonal and the ragged tail (N not a multiple of BLOCK_N) need a mask
-    if (start_n + BLOCK_N > N) or (CAUSAL and start_n + BLOCK_N > m0 + 1):
+    BLOCK_M: gl.constexpr = sij.shape[0]
+    # only the causal diagonal, the ragged tail (N not a multiple of BLOCK_N) and, with a WINDOW, the blocks that
+    # cross its left edge (query i sees keys i - left .. i) need a mask
+    if ((start_n + BLOCK_N > N) or (CAUSAL and start_n + BLOCK_N > m0 + 1)
+            or (WINDOW and start_n + left < m0 + BLOCK_M - 1)):
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         keep = offs_n[None, :] < N
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        if WINDOW:
+            keep = keep & (offs_n[None, :] + left >= offs_m[:, None])
         sij = gl.where(keep, sij, float("-inf"))
     mi_new = gl.maximum(mi, gl.max(sij, 1) * qk_scale)
-    pij = gl.exp2(sij * qk_scale - mi_new[:, None])
-    alpha = gl.exp2(mi - mi_new)
+    if WINDOW:  # a row may not have reached its window yet (mi_new = -inf): keep it at 0, not -inf - -inf = NaN
+        m_safe = gl.where(mi_new == float("-inf"), 0.0, mi_new)
+    else:
+        m_safe = mi_new
+    pij = gl.exp2(sij * qk_scale - m_safe[:, None])
+    alpha = gl.exp2(mi - m_safe)
     li = li * alpha + gl.sum(pij, 1)
     return pij, mi_new, li, alpha
 
@@ -119,10 +128,10 @@ def _free(which: gl.constexpr, ring, refill, frees, slot, j, n_blocks):
 
 
 @gluon.jit
-def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m, N, qk_scale,
-          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
-    """Key block j >= 1, the c-th block through the rings: steps 1-4 of the module docstring. Returns the
-    block's ``pij`` (for the next step's p · v), and ``acc``, ``mi``, ``li``."""
+def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m, N, qk_scale, n0, left,
+          CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr):
+    """Key block j >= 1 of the tile's (keys from ``n0``), the c-th block through the rings: steps 1-4 of the module
+    docstring. Returns the block's ``pij`` (for the next step's p · v), and ``acc``, ``mi``, ``li``."""
     k_ring, v_ring, k_ready, v_ready = ring
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
@@ -142,7 +151,8 @@ def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m,
         pv, pij = warpgroup_mma_wait(0, deps=[pv, pij])
     sij = warpgroup_mma_wait(1, deps=[sij])  # scores done; p · v may still run
     _free("k", ring, refill, frees, slot, j, n_blocks)
-    p_next, mi, li, alpha = _softmax(sij, mi, li, j * BLOCK_N, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL, s_layout)
+    p_next, mi, li, alpha = _softmax(sij, mi, li, n0 + j * BLOCK_N, m0, offs_m, N, qk_scale, left, BLOCK_N, CAUSAL,
+                                     WINDOW, s_layout)
     acc, pij = warpgroup_mma_wait(0, deps=[pv, pij])  # pij's registers stay live until p · v is done
     if refill is None:  # a consumer hands the V slot back to the producer at once
         _free("v", ring, refill, frees, prev, j - 1, n_blocks)
@@ -153,10 +163,11 @@ def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m,
 
 
 @gluon.jit
-def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale,
-                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
-    """One warpgroup's rows ``m0 .. m0 + BLOCK_M`` (Q in ``qi``, landed) against ``n_blocks`` key blocks, block j
-    in slot (c0 + j) % STAGES of the rings. Returns ``acc`` (not yet normalized), ``li`` and ``mi``."""
+def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale, n0, left,
+                 CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr):
+    """One warpgroup's rows ``m0 .. m0 + BLOCK_M`` (Q in ``qi``, landed) against ``n_blocks`` key blocks from key
+    ``n0`` on, block j in slot (c0 + j) % STAGES of the rings. Returns ``acc`` (not yet normalized), ``li`` and
+    ``mi``."""
     k_ring, v_ring, k_ready, v_ready = ring
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
@@ -181,12 +192,12 @@ def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale,
     sij = warpgroup_mma(qi, k_ring.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
     sij = warpgroup_mma_wait(0, deps=[sij])
     _free("k", ring, refill, frees, slot, 0, n_blocks)
-    pij, mi, li, alpha = _softmax(sij, mi, li, 0, m0, offs_m, N, qk_scale, BLOCK_N, CAUSAL, s_layout)
+    pij, mi, li, alpha = _softmax(sij, mi, li, n0, m0, offs_m, N, qk_scale, left, BLOCK_N, CAUSAL, WINDOW, s_layout)
     pij = gl.convert_layout(pij.to(k_ring.dtype), p_layout)
 
     for j in range(1, n_blocks):
         pij, acc, mi, li = _step(j, c0 + j, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m, N,
-                                 qk_scale, CAUSAL, OVERLAP)
+                                 qk_scale, n0, left, CAUSAL, WINDOW, OVERLAP)
 
     # the last block's p · v
     c = c0 + n_blocks - 1
@@ -217,12 +228,19 @@ def _store(acc, li, mi, O, LSE, o_head, stride_on, m0, bh, N, STORE_LSE: gl.cons
 
 
 @gluon.jit
-def _key_blocks(m0, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """How many key blocks rows ``m0 .. m0 + ROWS`` see (causal: up to the diagonal)."""
+def _key_blocks(m0, N, left, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                WINDOW: gl.constexpr):
+    """The key blocks rows ``m0 .. m0 + ROWS`` see, as (the first one's first key, how many): causal, up to the
+    diagonal; with a WINDOW, from the block of the first row's first key (``m0 - left``)."""
     if CAUSAL:
-        return gl.cdiv(gl.minimum(m0 + ROWS, N), BLOCK_N)
+        end = gl.cdiv(gl.minimum(m0 + ROWS, N), BLOCK_N)
     else:
-        return gl.cdiv(N, BLOCK_N)
+        end = gl.cdiv(N, BLOCK_N)
+    if WINDOW:
+        first = gl.maximum(m0 - left, 0) // BLOCK_N
+    else:
+        first = end * 0
+    return first * BLOCK_N, end - first
 
 
 @gluon.jit
@@ -233,8 +251,8 @@ def _o_head(bh, H, stride_ob, stride_oh):
 
 @gluon.jit
 def _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_scale,
-                   D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
+                   left, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
                    HEADS_IN_COLUMNS: gl.constexpr):
     """The loop in one warpgroup per program (num_warps = 4), or 2 with 8 warps: each issues its own loads."""
     dtype: gl.constexpr = Q.dtype
@@ -256,17 +274,17 @@ def _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_sc
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
 
-    n_blocks = _key_blocks(m0, N, BLOCK_M, BLOCK_N, CAUSAL)
+    n0, n_blocks = _key_blocks(m0, N, left, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
 
     mbarrier.expect(q_bar, Q.block_type.nbytes)
     tma_load(Q, [row0 + m0, col], q_bar, qi)
     for i in gl.static_range(STAGES):  # fill the rings; each slot is refilled as soon as it has been read
-        _load_tile(K, k_ready, k_ring, i, row0 + i * BLOCK_N, col, i < n_blocks)
-        _load_tile(V, v_ready, v_ring, i, row0 + i * BLOCK_N, col, i < n_blocks)
+        _load_tile(K, k_ready, k_ring, i, row0 + n0 + i * BLOCK_N, col, i < n_blocks)
+        _load_tile(V, v_ready, v_ring, i, row0 + n0 + i * BLOCK_N, col, i < n_blocks)
 
     mbarrier.wait(q_bar, 0)
-    acc, li, mi = _attend_tile(qi, (k_ring, v_ring, k_ready, v_ready), (K, V, row0, col), None, 0, n_blocks, m0, N,
-                               qk_scale, CAUSAL, OVERLAP)
+    acc, li, mi = _attend_tile(qi, (k_ring, v_ring, k_ready, v_ready), (K, V, row0 + n0, col), None, 0, n_blocks, m0,
+                               N, qk_scale, n0, left, CAUSAL, WINDOW, OVERLAP)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
@@ -287,12 +305,12 @@ def _tile(t, n_m, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _producer(io, smem, bars, CAUSAL: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
+def _producer(io, smem, bars, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
     """One warp: every TMA copy. It refills a slot as soon as every consumer has released it.
 
     ``io``: the descriptors Q, K, V, the outputs O and LSE, N, B·H, H, O's strides and the scale; ``smem``: the
     consumers' Q tiles and the K/V rings; ``bars``: their ready/empty barriers (see ``attn_kernel_gluon``)."""
-    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale = io
+    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left = io
     q_tiles, k_ring, v_ring = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     CONSUMERS: gl.constexpr = q_tiles.shape[0]
@@ -311,25 +329,26 @@ def _producer(io, smem, bars, CAUSAL: gl.constexpr, HEADS_IN_COLUMNS: gl.constex
             mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)  # (a fresh barrier passes a wait on parity 1)
             mbarrier.expect(q_ready.index(c), Q.block_type.nbytes)
             tma_load(Q, [row0 + m0 + c * BLOCK_M, col], q_ready.index(c), q_tiles.index(c))
-        for j in range(_key_blocks(m0, N, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL)):
+        n0, n_blocks = _key_blocks(m0, N, left, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        for j in range(n_blocks):
             slot = cnt % STAGES
             lap = (cnt // STAGES) & 1
             mbarrier.wait(k_empty.index(slot), lap ^ 1)
             mbarrier.expect(k_ready.index(slot), K.block_type.nbytes)
-            tma_load(K, [row0 + j * BLOCK_N, col], k_ready.index(slot), k_ring.index(slot))
+            tma_load(K, [row0 + n0 + j * BLOCK_N, col], k_ready.index(slot), k_ring.index(slot))
             mbarrier.wait(v_empty.index(slot), lap ^ 1)
             mbarrier.expect(v_ready.index(slot), V.block_type.nbytes)
-            tma_load(V, [row0 + j * BLOCK_N, col], v_ready.index(slot), v_ring.index(slot))
+            tma_load(V, [row0 + n0 + j * BLOCK_N, col], v_ready.index(slot), v_ring.index(slot))
             cnt += 1
         it += 1
 
 
 @gluon.jit
-def _consumer(io, smem, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+def _consumer(io, smem, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, STORE_LSE: gl.constexpr,
               OVERLAP: gl.constexpr):
     """Warpgroup ``WG``: rows ``WG·BLOCK_M ..`` of each tile, the loop of ``_attend_tile`` on the producer's
     rings (``io``, ``smem``, ``bars`` as for ``_producer``)."""
-    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale = io
+    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left = io
     q_tiles, k_ring, v_ring = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     CONSUMERS: gl.constexpr = q_tiles.shape[0]
@@ -342,30 +361,32 @@ def _consumer(io, smem, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE:
     for t in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
         tm, bh = _tile(t, n_m, CAUSAL)
         m0 = (tm * CONSUMERS + WG) * BLOCK_M
-        n_blocks = _key_blocks(tm * CONSUMERS * BLOCK_M, N, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL)  # the producer's count
+        # the producer's blocks (every consumer reads each of them)
+        n0, n_blocks = _key_blocks(tm * CONSUMERS * BLOCK_M, N, left, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
         mbarrier.wait(q_ready.index(WG), it & 1)
         acc, li, mi = _attend_tile(qi, (k_ring, v_ring, k_ready, v_ready), None,
-                                   (k_empty, v_empty, q_empty.index(WG)), cnt, n_blocks, m0, N, qk_scale,
-                                   CAUSAL, OVERLAP)
+                                   (k_empty, v_empty, q_empty.index(WG)), cnt, n_blocks, m0, N, qk_scale, n0, left,
+                                   CAUSAL, WINDOW, OVERLAP)
         _store(acc, li, mi, O, LSE, _o_head(bh, H, stride_ob, stride_oh), stride_on, m0, bh, N, STORE_LSE)
         cnt += n_blocks
         it += 1
 
 
 @gluon.jit
-def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale,
+def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left,
                       D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
+                      CAUSAL: gl.constexpr, WINDOW: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
                       WARP_SPECIALIZE: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr,
                       HEADS_IN_COLUMNS: gl.constexpr):
     """Without WARP_SPECIALIZE: a (Q block, batch·head) grid, one warpgroup per program (``_one_warpgroup``).
     With it: a producer warp and CONSUMERS (2 or 3) consumer warpgroups per program, over a 1-D grid of tiles
     of CONSUMERS·BLOCK_M rows; PERSISTENT only changes that grid (one program per SM instead of one per tile:
     see :func:`grid`). HEADS_IN_COLUMNS: how the descriptors lay out the heads (:func:`_head`); O is written through
-    its strides (the last one 1)."""
+    its strides (the last one 1). WINDOW (with CAUSAL): query i sees keys i - left .. i only, and the key blocks
+    before its window are not loaded (masked attention's sliding window, ``masking.py``)."""
     if not WARP_SPECIALIZE:
-        _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_scale, D, BLOCK_M, BLOCK_N, STAGES,
-                       CAUSAL, STORE_LSE, OVERLAP, HEADS_IN_COLUMNS)
+        _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_scale, left, D, BLOCK_M, BLOCK_N,
+                       STAGES, CAUSAL, WINDOW, STORE_LSE, OVERLAP, HEADS_IN_COLUMNS)
     else:
         dtype: gl.constexpr = Q.dtype
         q_tiles = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, D], Q.layout)
@@ -387,7 +408,7 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on
             mbarrier.init(v_empty.index(i), count=CONSUMERS)
         # The partitions' arguments, grouped (runtime values only: a tuple assigned to a name would turn
         # constexprs into tensors, so those are passed one by one below).
-        io = (Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale)
+        io = (Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left)
         smem = (q_tiles, k_ring, v_ring)
         bars = (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
         # The partitions: consumer 0 (the default partition: this program's own 4 warps), the other consumers
@@ -396,8 +417,8 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on
         # the SM's 65536 at launch), 160 each for three (4 warpgroups x 128 x 128); the producer keeps 24.
         CONSUMER_REGS: gl.constexpr = 240 if CONSUMERS == 2 else 160
         gl.warp_specialize(
-            [(_consumer, (io, smem, bars, role, CAUSAL, STORE_LSE, OVERLAP)) if role < CONSUMERS
-             else (_producer, (io, smem, bars, CAUSAL, HEADS_IN_COLUMNS))
+            [(_consumer, (io, smem, bars, role, CAUSAL, WINDOW, STORE_LSE, OVERLAP)) if role < CONSUMERS
+             else (_producer, (io, smem, bars, CAUSAL, WINDOW, HEADS_IN_COLUMNS))
              for role in (0, 1, 2, 3)[:CONSUMERS + 1]],  # roles 0 .. CONSUMERS - 1 consume, the last produces
             [4] * (CONSUMERS - 1) + [1],  # warps of each partition after the default one
             [CONSUMER_REGS] * (CONSUMERS - 1) + [24])
@@ -414,11 +435,15 @@ def grid(N: int, BH: int, opts) -> tuple:
     return (min(tiles, device.sm_count()),)
 
 
-def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts):
+def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts, left: int = -1):
     """:func:`launch`'s work done once for a problem: a function ``run(q, k, v, o, lse)`` for tensors with these
     shapes, strides, dtypes, devices and alignment (``fast.py`` keys its prepared problems so), which makes the
-    descriptors from templates and calls the compiled kernel directly (``launch_cache.bind``)."""
+    descriptors from templates and calls the compiled kernel directly (``launch_cache.bind``). ``left`` >= 0 (with
+    ``causal``): a sliding window, query i seeing keys i - left .. i."""
     B, H, N, D = q.shape
+    window = left >= 0
+    if window and not causal:
+        raise ValueError("fast_gluon: a window (left >= 0) is causal here (query i sees keys i - left .. i)")
     if B * H * N >= 2**31:
         raise ValueError(f"fast: the Gluon kernel addresses rows with 32-bit coordinates; B·H·N = {B * H * N} is too large")
     in_columns = descriptors.heads_in_columns(q, k, v)
@@ -431,11 +456,11 @@ def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts):
                  descriptors.gluon_heads(v, opts.block_n, in_columns))
     kernel = launch_cache.bind(
         attn_kernel_gluon, grid(N, B * H, opts),
-        dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=causal,
+        dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=causal, WINDOW=window,
              STORE_LSE=return_lse, OVERLAP=opts.overlap, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
              CONSUMERS=opts.consumers if ws else 2, HEADS_IN_COLUMNS=in_columns),
         num_warps=opts.num_warps, **({"maxnreg": WS_MAXNREG[opts.consumers]} if ws else {}))
-    tail = (N, B * H, H, o.stride(0), o.stride(1), o.stride(2), scale * LOG2_E.value)
+    tail = (N, B * H, H, o.stride(0), o.stride(1), o.stride(2), scale * LOG2_E.value, max(left, 0))
     tq, tk, tv = templates
     rebase = descriptors.rebase
 
@@ -445,8 +470,8 @@ def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts):
     return run
 
 
-def launch(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts) -> None:
+def launch(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts, left: int = -1) -> None:
     """Run :func:`attn_kernel_gluon` with ``opts`` (``fast_options.FastOptions``) on (B, H, N, D) inputs that
     ``descriptors.heads_in_columns`` reads in place (``fast.launch`` copies the others); ``o`` any (B, H, N, D) with
-    its last stride 1."""
-    bind(q, k, v, o, lse, causal, scale, return_lse, opts)(q, k, v, o, lse)
+    its last stride 1; ``left`` as for :func:`bind`."""
+    bind(q, k, v, o, lse, causal, scale, return_lse, opts, left)(q, k, v, o, lse)

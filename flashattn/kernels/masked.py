@@ -41,7 +41,7 @@ REACH = 1 << 30  # an unbounded window side (-1) as a distance no key is farther
 FORWARD_TILES = {
     16: [(128, 64, 4, 3), (64, 64, 4, 3)],
     32: [(128, 64, 4, 3), (64, 64, 4, 3)],
-    64: [(64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 2), (128, 32, 4, 3)],
+    64: [(64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 2), (128, 32, 4, 3), (128, 128, 4, 3)],
     128: [(64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 4, 3), (128, 128, 8, 2), (128, 64, 4, 2)],
     256: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2)],
 }
@@ -54,6 +54,15 @@ MASK_FORWARD_TILES = {
     64: [(128, 64, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
     128: [(128, 64, 4, 3), (128, 64, 4, 2), (128, 128, 8, 2), (128, 64, 8, 2), (64, 64, 4, 3)],
 }
+# A causal sliding window on Hopper (16-bit, D = 64 or 128, as many keys as queries, one K/V head per query head):
+# fast's Gluon kernel with its WINDOW (fast_gluon.py), which starts each tile's loop at the window's first key
+# block. Its options per head dimension (fast_options.resolve's keywords); see gluon_window_options. From
+# tools/gpu/masks/gluon_window.py (H200, 2026-12-03 17:26 UTC; windows of 256, 1k and 4k at N 16k and 64k, B 1, 16
+# heads, fp16 and bf16; geometric mean of FlexAttention's time over ours): at D = 64 one warpgroup per program,
+# (64, 128), 1.26 (persistent with 2 consumers 1.08, specialized 1.00, the Triton window kernel 0.93); at D = 128
+# a producer and 2 consumers, (64, 128), 1.34 (persistent 1.33, the Triton window kernel 1.10).
+GLUON_WINDOW = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="single"),
+                128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
 FLOAT32_TILES = [(64, 32, 4, 2), (32, 32, 4, 2)]  # IEEE float32 on the CUDA cores: for checking, not speed
 INTERPRETER_TILES = (32, 32, 4, 1)  # small blocks: a test's few dozen keys still make several of them
 
@@ -76,6 +85,21 @@ def tiles_for(dtype: torch.dtype, D: int, mode: str | None = None,
     return fitting(space, FALLBACK_SPACE,
                    lambda c: forward_shared_bytes(c, D, dtype, extra=mask_tile_bytes(c, mask)),
                    f"masked forward (D={D}, {dtype}{'' if mask is None else ', ' + str(mask) + ' mask'})")
+
+
+def gluon_window_options(dtype: torch.dtype, D: int, options: dict | None = None):
+    """The ``fast_options.FastOptions`` a causal sliding window runs the Gluon kernel with (:data:`GLUON_WINDOW`, or
+    ``options`` in its place)."""
+    from .fast_options import resolve
+
+    return resolve(dtype, D, True, {"gluon": True, **(options or GLUON_WINDOW[D])})
+
+
+def gluon_window_block(dtype: torch.dtype, D: int, options: dict | None = None) -> tuple[int, int]:
+    """(rows, keys) of the tiles the Gluon window kernel computes: a program's rows (its consumers' block_m each)
+    against one key block; every consumer goes through every key block its program's rows see."""
+    opts = gluon_window_options(dtype, D, options)
+    return opts.block_m * (1 if opts.schedule == "single" else opts.consumers), opts.block_n
 
 
 # --- the steps -----------------------------------------------------------------------------------------------

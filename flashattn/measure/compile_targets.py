@@ -34,7 +34,7 @@ import time
 import torch
 
 from flashattn import runtime
-from flashattn.kernels import aot, backward, device, fast, fast_backward, fast_options, naive, v1, v2
+from flashattn.kernels import aot, backward, device, fast, fast_backward, fast_options, masked, naive, v1, v2
 from flashattn.kernels.constants import LOG2_E
 from flashattn.validate import TILE_KEYS
 
@@ -77,17 +77,20 @@ def _qkv_columns(D: int, dtype: torch.dtype):
     return q, k, v, o, lse
 
 
-def _gluon_forward(where: device.Target, D: int, dtype: torch.dtype, config: dict):
+def _gluon_forward(where: device.Target, D: int, dtype: torch.dtype, config: dict, window: bool = False):
+    """fast's Gluon forward, causal; ``window``: with a sliding window (masked attention's path on Hopper)."""
     from flashattn.kernels import descriptors, fast_gluon
 
     q, k, v, o, lse = _qkv_columns(D, dtype)  # a model's (B, N, H, D) layout, the kernel's other addressing
     opts = fast_options.FastOptions(gluon=True, autotune=False, use_tma=True, **config)
     ws = opts.schedule != "single"
     args = (descriptors.gluon_heads(q, opts.block_m, True), descriptors.gluon_heads(k, opts.block_n, True),
-            descriptors.gluon_heads(v, opts.block_n, True), o, lse, N, B * H, H, *o.stride()[:3], 0.1)
+            descriptors.gluon_heads(v, opts.block_n, True), o, lse, N, B * H, H, *o.stride()[:3], 0.1,
+            255 if window else 0)
     constexprs = dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=True,
-                      STORE_LSE=True, OVERLAP=True, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
-                      CONSUMERS=opts.consumers if ws else 2, HEADS_IN_COLUMNS=True)
+                      WINDOW=window, STORE_LSE=True, OVERLAP=True, WARP_SPECIALIZE=ws,
+                      PERSISTENT=opts.schedule == "persistent", CONSUMERS=opts.consumers if ws else 2,
+                      HEADS_IN_COLUMNS=True)
     options = dict(num_warps=opts.num_warps, maxnreg=fast_options.WS_MAXNREG[opts.consumers] if ws else None)
     return fast_gluon.attn_kernel_gluon, args, constexprs, options, None
 
@@ -269,6 +272,10 @@ def _cases(where: device.Target) -> list[Case]:
                                         f"{tuple(config[k] for k in TILE_KEYS)}",
                                         _bind(_gluon_forward, where, D, dtype, config)))
                     out.append(Case("fast backward (Gluon)", t, f"{dtype} D={D}", _bind(_gluon_backward, D, dtype)))
+                    config = dict(masked.GLUON_WINDOW[D], maxnreg=None)  # a sliding window's Gluon kernel
+                    out.append(Case("masked window forward (Gluon)", t, f"{dtype} D={D} {config['schedule']} "
+                                    f"{tuple(config[k] for k in TILE_KEYS)}",
+                                    _bind(_gluon_forward, where, D, dtype, config, True)))
         for dtype in (torch.float16, torch.float32):
             for D in teaching_d:
                 for variant in ("v2", "v2_kt", "v2_padded"):
