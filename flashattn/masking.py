@@ -11,7 +11,9 @@
   all three, for an operator to wrap.
 
 The kernels are ``kernels/masked.py`` (forward) and ``kernels/masked_backward.py``; the mask's block structure
-(which tiles are skipped, partial, full) is ``kernels/mask_blocks.py``.
+(which tiles are skipped, partial, full) is ``kernels/mask_blocks.py``. On Hopper a causal sliding window's
+forward runs ``fast``'s Gluon kernel with its WINDOW instead (``kernels/fast_gluon.py``; :func:`_gluon_window`
+says when).
 """
 
 from __future__ import annotations

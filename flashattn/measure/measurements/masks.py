@@ -21,7 +21,8 @@ The cut (to fit about 6 minutes on an H200, most of it FlexAttention's compiles:
 per (mask kind, N, dtype, D), the windows of one N sharing them): cells run in groups by (dtype, D), fp16 D = 128
 first; a group that would start past :data:`BUDGET_S` is skipped and listed in ``skipped``, and
 ``FLASHATTN_MASKS_GROUPS`` measures the others in a later run, which keeps the rows of the groups it does not
-measure (so two runs of 6 minutes fill the table). SDPA's dense mask only up to N = 16k.
+measure (so two runs of 6 minutes fill the table; ``FLASHATTN_MASKS_BUDGET_S`` = 400 lets one run of about 7
+minutes measure all four). SDPA's dense mask only up to N = 16k.
 """
 
 from __future__ import annotations
