@@ -116,7 +116,9 @@ def _check(q, k, v, spec: Spec, scale) -> tuple:
 
 
 def _reach(side: int) -> int:
-    return masked.REACH if side == -1 else side
+    """A window side as the kernels take it: -1 (unbounded), and any side farther than every key (a side near int32's
+    largest value would overflow the kernels' 32-bit index arithmetic), as :data:`masked.REACH`."""
+    return masked.REACH if side == -1 or side > masked.REACH else side
 
 
 def _unique(mask4: torch.Tensor) -> torch.Tensor:
@@ -203,7 +205,7 @@ def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
         from flashattn.kernels import fast_gluon
 
         fast_gluon.launch(q4, k4, v4, o4, lse3, True, scale, True, masked.gluon_window_options(q.dtype, D),
-                          left=spec.left)
+                          left=min(spec.left, L))  # a window wider than the sequence is causal
     else:
         docs = spec.cu_q.numel() - 1 if spec.packed else B
         found = None if counts is None else torch.zeros((H, docs, -(-(spec.max_q or L) // tiles[0]), 2),

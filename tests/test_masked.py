@@ -76,6 +76,19 @@ def test_window_against_torch_and_its_blocks(L, S, left, right, causal, hkv, gro
     assert torch.equal(counts["dkdv"][0, 0], group * by_key)
 
 
+@pytest.mark.parametrize("window,causal", [((2**31 - 1, 2**31 - 1), False), ((2**31 - 1, 0), True),
+                                           ((5, 2**31 - 1), False), ((2**40, 3), False)])
+def test_a_window_side_past_every_key_is_unbounded(window, causal):
+    """Sides as large as int32 holds (or larger) see every key on that side, as -1 does: the kernels' 32-bit index
+    arithmetic must not wrap around (it did for 2**31 - 1 before masking clamped the sides)."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, do = (randn(1, 2, 40, 16, dtype=torch.float32, gen=gen) for _ in range(4))
+    out, grads = forward_backward(q, k, v, do, causal=causal, window=window, tiles=(16, 16, 4, 1),
+                                  dkdv_tiles=(16, 16, 4, 1))
+    check(out, grads, *torch_reference(q, k, v, do, mb.window_mask(40, 40, window, causal, device=q.device)),
+          torch.float32)
+
+
 def test_window_skips_what_it_should_at_a_longer_length():
     """N = 512 with a window of 64 keys: at most 3 key blocks of 32 per Q block of 32 (45 in all, causal: 136)."""
     gen = torch.Generator().manual_seed(0)
