@@ -293,6 +293,36 @@ def test_sdpa_attn_mask_errors_name_the_argument():
         masking.masked_forward(q, q, q, window=(2, 2), attn_mask=torch.ones(1, 2, 8, 8, dtype=torch.bool))
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_a_nan_in_a_float_mask_is_nan_where_torch_is(is_causal):
+    """A NaN in the mask (a bug upstream) must show, as in torch: its row's output and dq NaN, and dk, dv NaN at
+    every key the row sees; the rest as torch's. (Clamping the bias used to drop it silently.) Torch's math also
+    makes dk, dv NaN at keys no row sees (0 · NaN); a kernel that skips their tiles leaves those at 0."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, do = (randn(1, 2, 40, 16, dtype=torch.float32, gen=gen) for _ in range(4))
+    mask = torch.zeros(40, 40)
+    mask[:, 30:] = float("-inf")  # partial and skipped tiles beside the NaN's
+    mask[25, 3] = float("nan")
+    mask = mask.to(runtime.DEVICE)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = flashattn.scaled_dot_product_attention(*leaves, attn_mask=mask, is_causal=is_causal)
+    out.backward(do)
+    full = mask + (torch.zeros(40, 40).masked_fill(~torch.ones(40, 40, dtype=torch.bool).tril(), float("-inf"))
+                   .to(runtime.DEVICE) if is_causal else 0)
+    ref_out, ref_grads = torch_reference(q, k, v, do, full)
+    seen = torch.zeros(40, dtype=torch.bool, device=runtime.DEVICE)
+    seen[:26 if is_causal else 30] = True  # the keys row 25 sees
+    for name, ours, ref in zip(("output", "dq", "dk", "dv"), (out, *(t.grad for t in leaves)), (ref_out, *ref_grads),
+                               strict=True):
+        nan, ref_nan = ours.isnan(), ref.isnan()
+        if name in ("dk", "dv"):
+            assert nan[..., seen, :].all() and not (nan & ~ref_nan).any(), f"{name}: NaN at {nan.sum()} places"
+        else:
+            assert nan.any() and torch.equal(nan, ref_nan), f"{name}: NaN at {nan.sum()}, torch's at {ref_nan.sum()}"
+        finite = ~ref_nan
+        assert rel_error(ours[finite], ref[finite].to(ours.dtype)) < TOL[torch.float32], name
+
+
 def test_sdpa_attn_mask_with_several_batch_dimensions():
     gen = torch.Generator().manual_seed(7)
     q, k, v = (randn(2, 3, 2, 24, 16, dtype=torch.float32, gen=gen) for _ in range(3))

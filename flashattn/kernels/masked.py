@@ -174,8 +174,9 @@ def _attend_window(acc, li, mi, qi, K, V, lo, hi, offs_m, L_doc, S_doc, off, lef
 @triton.jit
 def _finish(acc, li, mi, O, LSE, offs_m, row_ok, stride_on, stride_od, D: tl.constexpr, D_PAD: tl.constexpr,
             STORE_LSE: tl.constexpr):
-    """Divide by the row sums and store; rows that saw no key store 0 and log-sum-exp +inf."""
-    seen = li > 0
+    """Divide by the row sums and store; rows that saw no key store 0 and log-sum-exp +inf (a NaN row sum, from a NaN
+    in the inputs or the mask, stays NaN in both, so that the backward's gradients are NaN where torch's are)."""
+    seen = (li > 0) | (li != li)
     li = tl.where(seen, li, 1.0)
     acc = acc / li[:, None]
     offs_d = tl.arange(0, D_PAD)
@@ -301,8 +302,9 @@ def mask_scores(sij, MASK_TILE, offs_m, offs_n, L, S, stride_mm, stride_mn, qk_s
     else:
         bias = tl.load(ptrs, mask=inside, other=float("-inf")).to(tl.float32)
         # finite masks as low as float32's min (a common "masked" value) must not overflow to -inf once multiplied
-        # by log2(e): torch treats them as finite
-        bias = tl.where(bias == float("-inf"), bias, tl.maximum(bias, -1e30))
+        # by log2(e): torch treats them as finite; a NaN stays NaN (the maximum would drop it), and makes its row NaN,
+        # as torch's
+        bias = tl.where((bias == float("-inf")) | (bias != bias), bias, tl.maximum(bias, -1e30))
         s2 = sij * qk_scale + bias * LOG2_E
     if CAUSAL:
         s2 = tl.where(before, s2, float("-inf"))
