@@ -68,7 +68,7 @@ def check_cu_seqlens(cu, name: str, total: int, max_seqlen, device) -> int:
                          f"documents (flash_attn_varlen_func's layout); got {got}")
     if cu.device != device:
         raise ValueError(f"attention_varlen: {name} must be on the inputs' device {device}, got {cu.device}")
-    if cu.device.type == "cpu":
+    if cu.device.type == "cpu" and not torch.compiler.is_compiling():  # (a trace has no values to read)
         values = cu.tolist()
         lengths = [b - a for a, b in zip(values, values[1:], strict=False)]
         if values[0] != 0 or values[-1] != total or min(lengths) < 0:
@@ -307,6 +307,10 @@ def _apply(q, k, v, spec: Spec, scale, options: dict):
     if unknown:
         raise TypeError(f"masked attention: unknown option(s) {', '.join(unknown)}; accepted: dkdv_tiles, dq_tiles, "
                         "tiles")
+    if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in (q, k, v)):
+        from flashattn import ops  # the operator: one node to torch.compile (and to tensor subclasses)
+
+        return ops.masked_attention(q, k, v, spec, scale, options)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return _MaskedAttention.apply(q, k, v, spec, scale, options)
     return _forward(q, k, v, spec, scale, options.get("tiles"), None)[0]

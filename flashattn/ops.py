@@ -1,5 +1,5 @@
 """The ``fast`` forward and backward as PyTorch operators: ``torch.ops.flashattn.fast_forward`` and
-``torch.ops.flashattn.fast_backward`` (notebook 13).
+``torch.ops.flashattn.fast_backward`` (notebook 13), and masked attention's (notebook 14).
 
 A Python function that launches Triton kernels is opaque to ``torch.compile``: Dynamo tries to trace into it,
 meets the launcher's host code (a cache lookup that hashes arguments, a tuner, descriptors) and breaks the
@@ -21,6 +21,8 @@ descriptors are host code it cannot trace.
   with ``return_lse=True``; o (B, Hq, L, D) in q's dtype, lse (B, Hq, L) float32.
 * ``fast_backward(q, k, v, o, lse, do, causal, scale, options) -> (dq, dk, dv)``:
   :func:`flashattn.kernels.fast_backward.attention_backward_fast`; each gradient shaped like its input.
+* ``masked_forward`` and ``masked_backward``: masked attention's (``masking.py``: windows, packed documents, the
+  drop-in's ``attn_mask``), what ``torch.compile`` traces for those calls (the end of this module).
 
 Each output is laid out like its input (``descriptors.model_layout``): o and dq like q, dk like k, dv like v, as
 (B, N, H, D) memory seen through ``transpose(1, 2)`` where the input is such a view (a model's q, k, v: then the
@@ -201,3 +203,86 @@ def attention(q, k, v, causal: bool, scale, options: dict):
     if not compiling and tensors:  # tensor subclasses: the forward operator's autograd kernel itself
         return _FastForward.apply(q, k, v, causal, scale, encode(options))[0]
     return FORWARD(q, k, v, causal, scale, encode(options))[0]
+
+
+# --- masked attention's operators (notebook 14) ----------------------------------------------------------------
+# ``masked_forward(q, k, v, attn_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right, causal,
+# scale, options) -> (o, lse)`` and ``masked_backward(q, k, v, o, lse, do, <the same mask arguments>) -> (dq, dk,
+# dv)``: ``masking._forward`` and ``masking._backward`` of the checked ``masking.Spec`` spelled out (a window, packed
+# documents or a (B, H, L, S) attn_mask view). Eager calls on real tensors run ``masking``'s own autograd node; these
+# are what ``torch.compile`` traces instead (and tensor subclasses dispatch to).
+
+_MASK_ARGS = ("Tensor? attn_mask, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+              "int left, int right, bool causal, float scale, str options")
+_LIBRARY.define(f"masked_forward(Tensor q, Tensor k, Tensor v, {_MASK_ARGS}) -> (Tensor, Tensor)")
+_LIBRARY.define(f"masked_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, {_MASK_ARGS}) "
+                "-> (Tensor, Tensor, Tensor)")
+
+
+def _mask_spec(attn_mask, cu_q, cu_k, max_q, max_k, left, right, causal):
+    from flashattn import masking
+
+    return masking.Spec(left, right, causal, cu_q, cu_k, max_q, max_k, attn_mask)
+
+
+def masked_forward_kernel(q, k, v, attn_mask, cu_q, cu_k, max_q, max_k, left, right, causal, scale, options):
+    from flashattn import masking
+
+    spec = _mask_spec(attn_mask, cu_q, cu_k, max_q, max_k, left, right, causal)
+    return masking._forward(q, k, v, spec, scale, decode(options).get("tiles"), None)
+
+
+def masked_backward_kernel(q, k, v, o, lse, do, attn_mask, cu_q, cu_k, max_q, max_k, left, right, causal, scale,
+                           options):
+    from flashattn import masking
+
+    spec, opts = _mask_spec(attn_mask, cu_q, cu_k, max_q, max_k, left, right, causal), decode(options)
+    return masking._backward(q, k, v, o, lse, do, spec, scale, opts.get("dkdv_tiles"), opts.get("dq_tiles"), None)
+
+
+def _masked_forward_fake(q, k, v, attn_mask, cu_q, cu_k, *_):
+    """As ``masking._forward`` allocates them: o contiguous like q; lse (Hq, total_q) packed, else (B, Hq, L)."""
+    lse_shape = (q.shape[1], q.shape[0]) if cu_q is not None else tuple(q.shape[:3])
+    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _masked_backward_fake(q, k, v, *_):
+    return tuple(torch.empty_like(t) for t in (q, k, v))
+
+
+class _MaskedForward(torch.autograd.Function):
+    """The masked forward operator's autograd kernel: the operator again below autograd, the backward operator."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, cu_q, cu_k, *rest):
+        with torch._C._AutoDispatchBelowAutograd():
+            o, lse = MASKED_FORWARD(q, k, v, attn_mask, cu_q, cu_k, *rest)
+        ctx.save_for_backward(q, k, v, o, lse, attn_mask, cu_q, cu_k)
+        ctx.rest = rest
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse, attn_mask, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = MASKED_BACKWARD(q, k, v, o, lse, do, attn_mask, cu_q, cu_k, *ctx.rest)
+        return dq, dk, dv, *(None,) * (3 + len(ctx.rest))
+
+
+_LIBRARY.impl("masked_forward", masked_forward_kernel, "CompositeExplicitAutograd")
+_LIBRARY.impl("masked_backward", masked_backward_kernel, "CompositeExplicitAutograd")
+torch.library.register_fake(f"{NAMESPACE}::masked_forward", _masked_forward_fake, lib=_LIBRARY)
+torch.library.register_fake(f"{NAMESPACE}::masked_backward", _masked_backward_fake, lib=_LIBRARY)
+_LIBRARY.impl("masked_forward", _MaskedForward.apply, "Autograd")
+MASKED_FORWARD = torch.ops.flashattn.masked_forward.default
+MASKED_BACKWARD = torch.ops.flashattn.masked_backward.default
+OPERATORS = (*OPERATORS, MASKED_FORWARD, MASKED_BACKWARD)
+
+
+def masked_attention(q, k, v, spec, scale: float, options: dict):
+    """Masked attention's output through the operator (``masking._apply`` under ``torch.compile`` or for tensor
+    subclasses), its inputs already checked."""
+    return MASKED_FORWARD(q, k, v, spec.mask, spec.cu_q, spec.cu_k, spec.max_q, spec.max_k, spec.left, spec.right,
+                          spec.causal, scale, encode(options))[0]
