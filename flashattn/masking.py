@@ -12,7 +12,7 @@
 
 The kernels are ``kernels/masked.py`` (forward) and ``kernels/masked_backward.py``; the mask's block structure
 (which tiles are skipped, partial, full) is ``kernels/mask_blocks.py``. On Hopper a causal sliding window's
-forward runs ``fast``'s Gluon kernel with its WINDOW instead (``kernels/fast_gluon.py``; :func:`_gluon_window`
+forward runs ``fast``'s Gluon kernel with its WINDOW instead (``kernels/fast_gluon.py``; :func:`takes_gluon_window`
 says when).
 """
 
@@ -139,7 +139,7 @@ def default_tiles(dtype: torch.dtype, D: int, mask: torch.dtype | None = None, m
             *(masked_bwd.tiles_for(kernel, dtype, D, mode, mask=mask)[0] for kernel in ("dkdv", "dq")))
 
 
-def _gluon_window(q4, k4, v4, spec: Spec, tiles, counts) -> bool:
+def takes_gluon_window(q4, k4, v4, spec: Spec, tiles, counts) -> bool:
     """Whether the forward runs fast's Gluon kernel with a window (``fast_gluon.py``): a causal sliding window (query
     i sees keys i - left .. i) on Hopper, 16-bit, D = 64 or 128, as many keys as queries, one K/V head per query
     head, inputs it reads in place. Explicit ``tiles`` and ``counts`` take the Triton kernel (it counts its
@@ -186,7 +186,7 @@ def make_spec(q, k, v, *, causal=False, window=(-1, -1), attn_mask=None, cu_seql
 def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
     q4, k4, v4 = _as_4d(q, k, v, spec)
     (B, H, L, D), S = q4.shape, k4.shape[2]
-    gluon = _gluon_window(q4, k4, v4, spec, tiles, counts)
+    gluon = takes_gluon_window(q4, k4, v4, spec, tiles, counts)
     tiles = (_check_tiles("tiles", tiles) if tiles is not None
              else masked.tiles_for(q.dtype, D, mask=_mask_dtype(spec))[0])
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)

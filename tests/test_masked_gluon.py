@@ -22,8 +22,8 @@ def test_which_windows_take_the_gluon_kernel(monkeypatch):
     monkeypatch.setattr(masking, "gluon_available", lambda dtype, D: True)
     q = torch.randn(2, 4, 64, 64, dtype=torch.float16)
     window = masking.Spec(31, 0, True)
-    assert masking._gluon_window(q, q, q, window, None, None)
-    assert masking._gluon_window(q, q, q, masking.Spec(31, 0, False), None, None)  # (left, 0): the same mask
+    assert masking.takes_gluon_window(q, q, q, window, None, None)
+    assert masking.takes_gluon_window(q, q, q, masking.Spec(31, 0, False), None, None)  # (left, 0): the same mask
     wide = torch.randn(2, 4, 64, 128, dtype=torch.float16)[..., :64]  # rows 256 bytes apart: no layout it reads
     cu = torch.tensor([0, 64], dtype=torch.int32)
     for why, args in (("explicit tiles", (q, q, q, window, (64, 64, 4, 3), None)),
@@ -36,9 +36,9 @@ def test_which_windows_take_the_gluon_kernel(monkeypatch):
                       ("packed documents", (q, q, q, masking.Spec(31, 0, True, cu, cu, 64, 64), None, None)),
                       ("a dense mask", (q, q, q, masking.Spec(-1, -1, True, mask=torch.ones(2, 4, 64, 64) > 0),
                                         None, None))):
-        assert not masking._gluon_window(*args), why
+        assert not masking.takes_gluon_window(*args), why
     monkeypatch.setattr(masking, "gluon_available", lambda dtype, D: False)
-    assert not masking._gluon_window(q, q, q, window, None, None)
+    assert not masking.takes_gluon_window(q, q, q, window, None, None)
 
 
 def _spy(monkeypatch) -> list:

@@ -35,10 +35,9 @@ import time
 
 import torch
 
-from flashattn import runtime
+from flashattn import masking, runtime
 from flashattn.functional import attention, scaled_dot_product_attention
 from flashattn.kernels import mask_blocks, masked
-from flashattn.kernels.fast_options import gluon_available
 from flashattn.masking import attention_varlen
 from flashattn.measure import recorded
 from flashattn.record import measurement
@@ -127,10 +126,11 @@ def mask_dtype(p: Problem):
     return torch.bool if p.kind == "padding" else None
 
 
-def ours_block(p: Problem, dtype, D: int) -> tuple[str, int, int]:
-    """Which kernel runs our forward ("gluon": a window on Hopper, ``masking._gluon_window``; else "triton") and the
-    (rows, keys) of the tiles it computes."""
-    if p.kind == "window" and gluon_available(dtype, D):
+def ours_block(p: Problem, q, k, v) -> tuple[str, int, int]:
+    """Which kernel runs our forward on these inputs ("gluon": ``masking.takes_gluon_window``'s windows; else
+    "triton") and the (rows, keys) of the tiles it computes."""
+    dtype, D = q.dtype, q.shape[-1]
+    if p.kind == "window" and masking.takes_gluon_window(q, k, v, masking.Spec(p.window - 1, 0, True), None, None):
         return ("gluon", *masked.gluon_window_block(dtype, D))
     return ("triton", *masked.tiles_for(dtype, D, mask=mask_dtype(p))[0][:2])
 
@@ -298,7 +298,7 @@ def measure_cell(p: Problem, dtype_name: str, D: int, training: bool, fns: dict,
         full_ms[full_key] = ms["fast_full"]
     ms["fast_full"] = full_ms.get(full_key)
     flop = 4 * D * HEADS * kept_pairs(p) * (TRAINING_FACTOR if training else 1)
-    kernel, bm, bn = ours_block(p, dtype, D)
+    kernel, bm, bn = ours_block(p, q, k, v)
     ours_tiles = computed_tiles(tile_kinds(p, bm, bn, device, per_document=p.kind == "documents"))
     full_pairs = p.B * (p.N * (p.N + 1) // 2 if p.causal else p.N * p.N)
     flex_tiles = computed_tiles(tile_kinds(p, FLEX_BLOCK, FLEX_BLOCK, device))

@@ -169,9 +169,9 @@ def cell_functions(q, k, v, window: int, flex) -> dict:
 
 
 def timing(results):
+    import probe  # tools/gpu/masks/probe.py, beside this script
     import torch
     from torch.nn.attention.flex_attention import flex_attention
-    from triton.testing import do_bench
 
     from flashattn import runtime
     from flashattn.measure.measurements.masks import Problem, flex_block_mask, flex_mask_mods
@@ -189,18 +189,8 @@ def timing(results):
                     p = Problem("window", N, window=window)
                     bm = flex_block_mask(p, state, mods, runtime.DEVICE)
                     fns = cell_functions(q, k, v, window, lambda q, k, v, bm=bm: compiled(q, k, v, block_mask=bm))
-                    with torch.no_grad():
-                        for name, fn in list(fns.items()):
-                            try:
-                                fn()
-                            except Exception as e:  # noqa: BLE001
-                                log(f"  {name}: {type(e).__name__}: {str(e)[:200]}")
-                                del fns[name]
-                        times = {name: [] for name in fns}
-                        for _ in range(3):
-                            for name, fn in fns.items():
-                                times[name].append(do_bench(fn, warmup=10, rep=40, return_mode="median"))
-                    ms = {name: statistics.median(t) for name, t in times.items()}
+                    with torch.no_grad():  # the masks probe's interleaved rounds, the same do_bench settings
+                        ms = probe.rounds(probe.first_calls(fns, f"D={D} {dtype} N={N} window={window}"))
                     vs = {name: ms["flex"] / t for name, t in ms.items() if name != "flex"}
                     best = max((n for n in vs if not n.startswith("triton")), key=vs.get)
                     rows.append({"D": D, "dtype": str(dtype), "N": N, "window": window, "ms": ms, "vs_flex": vs,
