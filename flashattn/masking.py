@@ -155,6 +155,27 @@ def takes_gluon_window(q4, k4, v4, spec: Spec, tiles, counts) -> bool:
     return heads_in_columns(q4, k4, v4) is not None
 
 
+_GLUON_RUNS: dict = {}  # a window problem's bound Gluon launch (fast_gluon.bind), by launch_cache.problem_key
+_MAX_GLUON_RUNS = 256
+
+
+def _gluon_window_forward(q4, k4, v4, o4, lse3, left: int, scale: float) -> None:
+    """The Gluon window forward, its launch bound once per problem (shapes, strides, dtypes, alignment, window,
+    scale) as ``fast`` binds its own: a short window's kernel runs for about as long as a launch takes to prepare."""
+    from flashattn.kernels import fast_gluon, launch_cache
+
+    opts = masked.gluon_window_options(q4.dtype, q4.shape[-1])
+    key = launch_cache.problem_key((q4, k4, v4, o4, lse3), (left, scale, opts))
+    run = None if key is None else _GLUON_RUNS.get(key)
+    if run is None:
+        run = fast_gluon.bind(q4, k4, v4, o4, lse3, True, scale, True, opts, left=left)
+        if key is not None:
+            if len(_GLUON_RUNS) >= _MAX_GLUON_RUNS:
+                _GLUON_RUNS.clear()
+            _GLUON_RUNS[key] = run
+    run(q4, k4, v4, o4, lse3)
+
+
 def _tables(spec: Spec, L: int, S: int, tiles) -> mask_blocks.BlockTables:
     kinds = mask_blocks.classify(_unique(spec.mask), tiles[0], tiles[1], shape=(L, S), causal=spec.causal)
     return mask_blocks.block_tables(kinds, tiles[0], tiles[1])
@@ -202,10 +223,7 @@ def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
         masked.forward_blocks(q4, k4, v4, o4, lse3, spec.mask, _tables(spec, L, S, tiles), causal=spec.causal,
                               scale=scale, tiles=tiles, counts=found)
     elif gluon:
-        from flashattn.kernels import fast_gluon
-
-        fast_gluon.launch(q4, k4, v4, o4, lse3, True, scale, True, masked.gluon_window_options(q.dtype, D),
-                          left=min(spec.left, L))  # a window wider than the sequence is causal
+        _gluon_window_forward(q4, k4, v4, o4, lse3, min(spec.left, L), scale)  # wider than the sequence: causal
     else:
         docs = spec.cu_q.numel() - 1 if spec.packed else B
         found = None if counts is None else torch.zeros((H, docs, -(-(spec.max_q or L) // tiles[0]), 2),

@@ -42,10 +42,12 @@ def test_which_windows_take_the_gluon_kernel(monkeypatch):
 
 
 def _spy(monkeypatch) -> list:
+    """The ``left`` of every Gluon window launch masking binds (once per problem; none bound before the test)."""
     from flashattn.kernels import fast_gluon
 
-    calls, launch = [], fast_gluon.launch
-    monkeypatch.setattr(fast_gluon, "launch", lambda *a, **kw: calls.append(kw.get("left")) or launch(*a, **kw))
+    calls, bind = [], fast_gluon.bind
+    monkeypatch.setattr(masking, "_GLUON_RUNS", {})
+    monkeypatch.setattr(fast_gluon, "bind", lambda *a, **kw: calls.append(kw.get("left")) or bind(*a, **kw))
     return calls
 
 
@@ -84,3 +86,22 @@ def test_gluon_window_gradients_at_full_size(dtype, monkeypatch):
     assert calls == [999]
     assert rel_error(out, ref_out.to(dtype)) < TOL[dtype]
     assert max(grad_errors([t.grad for t in leaves], ref_grads)) < TOL[dtype]
+
+
+@HOPPER
+def test_a_bound_window_launch_serves_new_tensors_of_its_problem(monkeypatch):
+    """The second call of a problem launches the launch bound by the first (no new bind) on its own tensors: its
+    output is its inputs' attention, not the first call's; another window is another problem."""
+    calls = _spy(monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    N, D, dtype = 777, 64, torch.float16
+    keep = mb.window_mask(N, N, (100, 0), True, device=runtime.DEVICE)
+    for _ in range(3):
+        q, k, v = (torch.randn(2, 3, N, D, generator=gen).to(runtime.DEVICE, dtype) for _ in range(3))
+        o, lse = masking.masked_forward(q, k, v, causal=True, window=(100, 0))
+        s = (q.double() @ k.double().transpose(-1, -2) * D ** -0.5).masked_fill(~keep, float("-inf"))
+        assert rel_error(o, (torch.softmax(s, -1) @ v.double()).to(dtype)) < TOL[dtype]
+        assert rel_error(lse, torch.logsumexp(s, -1).float()) < 1e-5
+    assert calls == [100]
+    masking.masked_forward(q, k, v, causal=True, window=(101, 0))
+    assert calls == [100, 101]
