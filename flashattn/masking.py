@@ -242,15 +242,17 @@ def _backward(q, k, v, o, lse, do, spec: Spec, scale: float, dkdv_tiles, dq_tile
                   else masked_bwd.tiles_for("dkdv", q.dtype, D, mask=_mask_dtype(spec))[0])
     dq_tiles = (_check_tiles("dq_tiles", dq_tiles) if dq_tiles is not None
                 else masked_bwd.tiles_for("dq", q.dtype, D, mask=_mask_dtype(spec))[0])
-    o, do = o.contiguous(), do.contiguous()
-    delta = delta_rows(o, do)  # (B, H, L), or (total, H) packed
+    if do.stride(-1) != 1:  # the kernels read dO through its strides; rows of it they read whole
+        do = do.contiguous()
     q4, k4, v4 = _as_4d(q, k, v, spec)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if spec.packed:
-        do4, lse3, delta3 = _packed_view(do), lse.unsqueeze(0), delta.t().unsqueeze(0)
+        do4, lse3 = _packed_view(do), lse.unsqueeze(0)
         dq4, dk4, dv4 = map(_packed_view, (dq, dk, dv))
+        delta3 = delta_rows(_packed_view(o), do4)  # (1, H, total), read in place: no copy of a strided dO
     else:
-        do4, lse3, delta3, dq4, dk4, dv4 = do, lse, delta, dq, dk, dv
+        do4, lse3, dq4, dk4, dv4 = do, lse, dq, dk, dv
+        delta3 = delta_rows(o, do)  # (B, H, L)
     if spec.mask is not None:
         L, S = q4.shape[2], k4.shape[2]
         dkdv_tables = _tables(spec, L, S, dkdv_tiles)

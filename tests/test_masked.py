@@ -190,6 +190,37 @@ def test_attention_varlen_is_differentiable_and_checks_its_arguments():
         varlen(q, k, v, cu, cu, 0, 30)
 
 
+@pytest.mark.parametrize("layout", ["heads first", "every other column", "broadcast"])
+def test_gradients_from_a_strided_do(layout):
+    """dO as a model hands it over: a packed output seen from (1, H, total, D) memory (``.transpose(0, 1)``), a
+    dO whose last stride is not 1, and the zero-stride dO of ``out.sum()``: read through its strides (or copied
+    when its rows are not contiguous), the gradients as from a contiguous dO; windows and documents."""
+    gen = torch.Generator().manual_seed(7)
+    lengths, H, D, dtype = [5, 40, 1, 19], 2, 16, torch.float16
+    total = sum(lengths)
+    q, k, v = (randn(total, H, D, dtype=dtype, gen=gen) for _ in range(3))
+    if layout == "heads first":
+        do = randn(1, H, total, D, dtype=dtype, gen=gen)[0].transpose(0, 1)
+    elif layout == "every other column":
+        do = randn(total, H, 2 * D, dtype=dtype, gen=gen)[..., ::2]
+    else:
+        do = randn(1, 1, 1, dtype=dtype, gen=gen).expand(total, H, D)
+    assert not do.is_contiguous()
+    cu = mb.cu_seqlens(lengths, q.device)
+    heads = masking._packed_view
+    calls = {"documents": (lambda *t: flashattn.attention_varlen(*t, cu, cu, 40, 40, causal=True),
+                           mb.document_mask(lengths, causal=True, device=q.device)),
+             "window": (lambda *t: flashattn.attention(*map(heads, t), variant="fast", causal=True,
+                                                        window=(9, 0))[0].transpose(0, 1),
+                        mb.window_mask(total, total, (9, 0), True, device=q.device))}
+    for call, mask in calls.values():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = call(*leaves)
+        out.backward(do)
+        ref_out, ref_grads = torch_reference(heads(q), heads(k), heads(v), heads(do), mask)
+        check(heads(out.detach()), [heads(t.grad) for t in leaves], ref_out, ref_grads, dtype)
+
+
 # --- the drop-in's attn_mask -------------------------------------------------------------------------------------
 
 MASK_SHAPES = [(20, 40), (2, 1, 20, 40), (1, 4, 20, 40), (2, 1, 1, 40), (4, 20, 40), (20, 1), (2, 4, 20, 40)]

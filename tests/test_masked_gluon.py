@@ -66,7 +66,9 @@ def test_gluon_window_against_float64(dtype, D, monkeypatch):
         s = (q.double() @ k.double().transpose(-1, -2) * D ** -0.5).masked_fill(~keep, float("-inf"))
         assert rel_error(o, (torch.softmax(s, -1) @ v.double()).to(dtype)) < TOL[dtype], (N, left)
         assert rel_error(lse, torch.logsumexp(s, -1).float()) < 1e-5, (N, left)
-    assert calls == [min(left, N) for N, left in cases]  # a window wider than the sequence goes as its length
+    # one bind per problem; a window wider than the sequence goes as its length (so it is the same problem)
+    problems = list(dict.fromkeys((N, min(left, N)) for N, left in cases))
+    assert calls == [left for _, left in problems]
 
 
 @HOPPER
