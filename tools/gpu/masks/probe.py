@@ -86,16 +86,24 @@ def make(p, D, dtype_name, heads=HEADS):
     return tuple(torch.randn(p.B, heads, p.N, D, device=runtime.DEVICE, generator=gen, dtype=dtype) for _ in range(4))
 
 
+@functools.lru_cache(maxsize=64)
+def _cu_seqlens(lengths, device):
+    """The documents' offsets, made once per problem as masks_vs_flex makes them: a pageable host-to-device copy on
+    every call would make the host wait for the GPU and time both."""
+    from flashattn.kernels import mask_blocks
+
+    return mask_blocks.cu_seqlens(lengths, device)
+
+
 def ours(p, q, k, v, do, tiles=None, dkdv=None, dq=None, training=False):
     """Our kernels on the problem with these tiles: the forward, or the forward and the backward (no autograd)."""
     from flashattn import masking
-    from flashattn.kernels import mask_blocks
     from flashattn.measure.measurements.masks import dense_mask, packed
 
     if p.kind == "window":
         args, kw = (q, k, v), dict(causal=True, window=(p.window - 1, 0))
     elif p.kind == "documents":
-        cu = mask_blocks.cu_seqlens(p.lengths, q.device)
+        cu = _cu_seqlens(p.lengths, q.device)
         args = (packed(q), packed(k), packed(v))
         kw = dict(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(p.lengths),
                   max_seqlen_k=max(p.lengths))
