@@ -382,6 +382,50 @@ def test_masks_at_full_size_on_gpu(dtype):
           dtype)
 
 
+def test_dq_beside_dkdv_only_on_a_gpu_when_asked(monkeypatch):
+    """``masked_backward.CONCURRENT_DQ`` (off by default) puts the dQ kernel on a second CUDA stream; never in the
+    interpreter, never on a CPU tensor."""
+    from flashattn.kernels import masked_backward
+
+    assert masked_backward.CONCURRENT_DQ is False
+    assert masked_backward._fork(torch.device("cpu")) is None
+    monkeypatch.setattr(masked_backward, "CONCURRENT_DQ", True)
+    assert masked_backward._fork(torch.device("cpu")) is None
+
+
+@GPU
+@pytest.mark.parametrize("kind", ["window", "documents", "attn_mask"])
+def test_dq_beside_dkdv_gives_the_same_gradients_and_captures(kind, monkeypatch):
+    """With dQ on a second stream: the gradients equal those of the kernels in turn (the same kernels), and a CUDA
+    graph captures the backward (the side stream forks from and joins the capturing one) and replays it right."""
+    from flashattn.kernels import masked_backward
+
+    gen = torch.Generator().manual_seed(13)
+    lengths = [1000, 17, 2000, 1079]
+    q, k, v, do = (randn(1, 4, 4096, 64, dtype=torch.float16, gen=gen) for _ in range(4))
+    if kind == "documents":
+        cu = mb.cu_seqlens(lengths, q.device)
+        q, k, v, do = (masking._packed_view(t)[0] for t in (q, k, v, do))  # (total, H, D) views, the layout's own
+        kw = dict(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2000, max_seqlen_k=2000)
+    elif kind == "window":
+        kw = dict(causal=True, window=(300, 0))
+    else:
+        kw = dict(attn_mask=(torch.rand(1, 1, 4096, 4096, generator=gen) < 0.3).to(q.device).expand(1, 4, -1, -1))
+    o, lse = masking.masked_forward(q, k, v, **kw)
+    in_turn = masking.masked_backward(q, k, v, o, lse, do, **kw)
+    monkeypatch.setattr(masked_backward, "CONCURRENT_DQ", True)
+    beside = masking.masked_backward(q, k, v, o, lse, do, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(in_turn, beside, strict=True))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = masking.masked_backward(q, k, v, o, lse, do, **kw)
+    for t in captured:
+        t.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(in_turn, captured, strict=True))
+
+
 def test_a_dense_mask_takes_its_own_tiles(monkeypatch):
     """The blocks kernels (a dense attn_mask) have their own tile tables, chosen with the mask's dtype; windows and
     documents keep the window kernels' (no mask tile in shared memory)."""

@@ -17,6 +17,8 @@ gradients, as torch's. With ``COUNT``, each program stores its (full, partial) t
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -416,6 +418,33 @@ def _stats(lse: torch.Tensor, delta: torch.Tensor) -> tuple:
     return (lse.stride(0), lse.stride(1), *delta.stride())
 
 
+# The dQ kernel on a second CUDA stream beside the dK/dV kernel, so that each fills the SMs the other's last programs
+# leave idle (FlexAttention runs both in one launch). Off until tools/gpu/masks/concurrent_dq.py has timed it.
+CONCURRENT_DQ = False
+_side_streams: dict = {}
+
+
+def _fork(device):
+    """A second stream that has waited for the current one's work so far (None where the kernels run one after the
+    other): launches on it run beside the next ones on the current stream, until :func:`_join`."""
+    if not (CONCURRENT_DQ and runtime.MODE == "gpu" and device.type == "cuda"):
+        return None
+    side = _side_streams.get(device)
+    if side is None:
+        side = _side_streams[device] = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    return side
+
+
+def _on(side, name: str):
+    return torch.cuda.stream(side) if side is not None and name == "dq" else contextlib.nullcontext()
+
+
+def _join(side, device) -> None:
+    if side is not None:  # what follows on the current stream (the gradients' use, their memory's reuse) waits
+        torch.cuda.current_stream(device).wait_stream(side)
+
+
 def backward_window(q, k, v, do, lse, delta, dq, dk, dv, *, left: int, right: int, scale: float, dkdv_tiles,
                     dq_tiles, cu_q=None, cu_k=None, max_seqlen_q=None, max_seqlen_k=None, bottom_right=False,
                     counts: dict | None = None) -> None:
@@ -432,17 +461,21 @@ def backward_window(q, k, v, do, lse, delta, dq, dk, dv, *, left: int, right: in
     launches = (("dkdv", bwd_dkdv_window, (q, k, v, do, dk, dv, lse, delta), dkdv_tiles, Hkv, 1, cu_k, S,
                  max_seqlen_k, False),
                 ("dq", bwd_dq_window, (q, k, v, do, dq, lse, delta), dq_tiles, H, 0, cu_q, L, max_seqlen_q, True))
+    stream = _fork(q.device)
     for name, fn, tensors, (bm, bn, warps, stages), heads, side, cu, n, longest, reverse in launches:
         block = (bm, bn)[side]  # the dK/dV kernel's programs are key blocks, the dQ kernel's Q blocks
         blocks = triton.cdiv(longest if varlen else n, block)
-        table = block_table(cu, n, block, reverse=reverse) if varlen else None
-        grid = (table.shape[0] if varlen else B * blocks, heads)
-        found = None if counts is None else torch.zeros((heads, nb, blocks, 2), dtype=torch.int32, device=q.device)
-        launch_cache.launch(fn, grid, (*tensors, found, cu_q, cu_k, table, *strides, heads, H // Hkv, nb, L, S, blocks,
-                                       left, right, scale * LOG2_E.value, scale),
-                            dict(common, BLOCK_M=bm, BLOCK_N=bn), num_warps=warps, num_stages=stages)
+        with _on(stream, name):
+            table = block_table(cu, n, block, reverse=reverse) if varlen else None
+            grid = (table.shape[0] if varlen else B * blocks, heads)
+            found = None if counts is None else torch.zeros((heads, nb, blocks, 2), dtype=torch.int32,
+                                                            device=q.device)
+            launch_cache.launch(fn, grid, (*tensors, found, cu_q, cu_k, table, *strides, heads, H // Hkv, nb, L, S,
+                                           blocks, left, right, scale * LOG2_E.value, scale),
+                                dict(common, BLOCK_M=bm, BLOCK_N=bn), num_warps=warps, num_stages=stages)
         if counts is not None:
             counts[name] = found
+    _join(stream, q.device)
 
 
 def backward_blocks(q, k, v, do, lse, delta, dq, dk, dv, mask, dkdv_tables, dq_tables, *, causal: bool,
@@ -454,6 +487,7 @@ def backward_blocks(q, k, v, do, lse, delta, dq, dk, dv, mask, dkdv_tables, dq_t
     common = dict(D=D, D_PAD=padded_head_dim(D), MASK_KIND=mask_kind(mask), CAUSAL=causal,
                   PRECISION=precision_of(q.dtype), COUNT=counts is not None)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *_stats(lse, delta), *mask.stride())
+    stream = _fork(q.device)
     for name, tiles, tables in (("dkdv", dkdv_tiles, dkdv_tables), ("dq", dq_tiles, dq_tables)):
         bm, bn, warps, stages = tiles
         assert (tables.block_m, tables.block_n) == (bm, bn), "tables classified at other tiles"
@@ -466,9 +500,12 @@ def backward_blocks(q, k, v, do, lse, delta, dq, dk, dv, mask, dkdv_tables, dq_t
             fn, grid, heads, blocks = bwd_dq_blocks, (tm, B * H), H, tm
             outputs = (q, k, v, do, dq, lse, delta)
             lists = (tables.kv_num_blocks, tables.kv_indices, tables.full_kv_num_blocks, tables.full_kv_indices)
-        found = None if counts is None else torch.zeros((heads, B, blocks, 2), dtype=torch.int32, device=q.device)
-        launch_cache.launch(fn, grid, (*outputs, found, elements, *lists, *strides, *table_strides(lists[0]), heads,
-                                       H // Hkv, B, L, S, tm, tn, scale * LOG2_E.value, scale),
-                            dict(common, BLOCK_M=bm, BLOCK_N=bn), num_warps=warps, num_stages=stages)
+        with _on(stream, name):
+            found = None if counts is None else torch.zeros((heads, B, blocks, 2), dtype=torch.int32,
+                                                            device=q.device)
+            launch_cache.launch(fn, grid, (*outputs, found, elements, *lists, *strides, *table_strides(lists[0]),
+                                           heads, H // Hkv, B, L, S, tm, tn, scale * LOG2_E.value, scale),
+                                dict(common, BLOCK_M=bm, BLOCK_N=bn), num_warps=warps, num_stages=stages)
         if counts is not None:
             counts[name] = found
+    _join(stream, q.device)
