@@ -172,13 +172,18 @@ class _Eager(torch.autograd.Function):
 _UNSEEN = object()
 
 
-_LIBRARY.impl("fast_forward", fast_forward, "CompositeExplicitAutograd")
-_LIBRARY.impl("fast_backward", fast_backward_kernel, "CompositeExplicitAutograd")
-torch.library.register_fake(f"{NAMESPACE}::fast_forward", _fast_forward_fake, lib=_LIBRARY)
-torch.library.register_fake(f"{NAMESPACE}::fast_backward", _fast_backward_fake, lib=_LIBRARY)
-_LIBRARY.impl("fast_forward", _FastForward.apply, "Autograd")
-FORWARD = torch.ops.flashattn.fast_forward.default
-BACKWARD = torch.ops.flashattn.fast_backward.default
+def _register(forward: str, backward: str, kernels: tuple, fakes: tuple, autograd) -> tuple:
+    """A forward and a backward operator: each one's kernel (CPU and CUDA) and fake implementation, and the forward's
+    autograd kernel. Returns their overloads (forward, backward)."""
+    for name, kernel, fake in zip((forward, backward), kernels, fakes, strict=True):
+        _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
+    _LIBRARY.impl(forward, autograd, "Autograd")
+    return getattr(torch.ops.flashattn, forward).default, getattr(torch.ops.flashattn, backward).default
+
+
+FORWARD, BACKWARD = _register("fast_forward", "fast_backward", (fast_forward, fast_backward_kernel),
+                              (_fast_forward_fake, _fast_backward_fake), _FastForward.apply)
 OPERATORS = (FORWARD, BACKWARD)
 
 
@@ -271,13 +276,9 @@ class _MaskedForward(torch.autograd.Function):
         return dq, dk, dv, *(None,) * (3 + len(ctx.rest))
 
 
-_LIBRARY.impl("masked_forward", masked_forward_kernel, "CompositeExplicitAutograd")
-_LIBRARY.impl("masked_backward", masked_backward_kernel, "CompositeExplicitAutograd")
-torch.library.register_fake(f"{NAMESPACE}::masked_forward", _masked_forward_fake, lib=_LIBRARY)
-torch.library.register_fake(f"{NAMESPACE}::masked_backward", _masked_backward_fake, lib=_LIBRARY)
-_LIBRARY.impl("masked_forward", _MaskedForward.apply, "Autograd")
-MASKED_FORWARD = torch.ops.flashattn.masked_forward.default
-MASKED_BACKWARD = torch.ops.flashattn.masked_backward.default
+MASKED_FORWARD, MASKED_BACKWARD = _register("masked_forward", "masked_backward",
+                                            (masked_forward_kernel, masked_backward_kernel),
+                                            (_masked_forward_fake, _masked_backward_fake), _MaskedForward.apply)
 OPERATORS = (*OPERATORS, MASKED_FORWARD, MASKED_BACKWARD)
 
 
