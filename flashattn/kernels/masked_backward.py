@@ -419,7 +419,10 @@ def _stats(lse: torch.Tensor, delta: torch.Tensor) -> tuple:
 
 
 # The dQ kernel on a second CUDA stream beside the dK/dV kernel, so that each fills the SMs the other's last programs
-# leave idle (FlexAttention runs both in one launch). Off until tools/gpu/masks/concurrent_dq.py has timed it.
+# leave idle (FlexAttention runs both in one launch). Off: tools/gpu/masks/concurrent_dq.py timed it on the H200
+# (stop 48) slower than the kernels in turn on most of its cells (two kernels on one GPU slow each other down more
+# than the idle tails they fill), faster only on the packed documents at D = 128, and not by enough to pass
+# FlexAttention there.
 CONCURRENT_DQ = False
 _side_streams: dict = {}
 
