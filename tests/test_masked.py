@@ -405,7 +405,7 @@ def test_dq_beside_dkdv_gives_the_same_gradients_and_captures(kind, monkeypatch)
     q, k, v, do = (randn(1, 4, 4096, 64, dtype=torch.float16, gen=gen) for _ in range(4))
     if kind == "documents":
         cu = mb.cu_seqlens(lengths, q.device)
-        q, k, v, do = (masking._packed_view(t)[0] for t in (q, k, v, do))  # (total, H, D) views, the layout's own
+        q, k, v, do = (t[0].transpose(0, 1).contiguous() for t in (q, k, v, do))  # packed: (total, H, D)
         kw = dict(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2000, max_seqlen_k=2000)
     elif kind == "window":
         kw = dict(causal=True, window=(300, 0))
