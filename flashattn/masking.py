@@ -236,12 +236,17 @@ def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, spec: Spec, scale: float, dkdv_tiles, dq_tiles, counts) -> tuple:
+def _backward_tiles(q, spec: Spec, dkdv_tiles, dq_tiles) -> tuple:
     D = q.shape[-1]
     dkdv_tiles = (_check_tiles("dkdv_tiles", dkdv_tiles) if dkdv_tiles is not None
                   else masked_bwd.tiles_for("dkdv", q.dtype, D, mask=_mask_dtype(spec))[0])
     dq_tiles = (_check_tiles("dq_tiles", dq_tiles) if dq_tiles is not None
                 else masked_bwd.tiles_for("dq", q.dtype, D, mask=_mask_dtype(spec))[0])
+    return dkdv_tiles, dq_tiles
+
+
+def _backward(q, k, v, o, lse, do, spec: Spec, scale: float, dkdv_tiles, dq_tiles, counts) -> tuple:
+    dkdv_tiles, dq_tiles = _backward_tiles(q, spec, dkdv_tiles, dq_tiles)
     if do.stride(-1) != 1:  # the kernels read dO through its strides; rows of it they read whole
         do = do.contiguous()
     q4, k4, v4 = _as_4d(q, k, v, spec)
@@ -302,6 +307,50 @@ def masked_backward(q, k, v, o, lse, do, *, causal=False, window=(-1, -1), attn_
     return _backward(q, k, v, o, lse, do, spec, scale, dkdv_tiles, dq_tiles, counts)
 
 
+_BACKWARD_RUNS: dict = {}  # a window problem's bound backward (_bind_window_backward), by launch_cache.problem_key
+_ORDINARY = object()  # a problem the bound backward does not take
+
+
+def _window_backward(q, k, v, o, lse, do, spec: Spec, scale: float, options: dict):
+    """A sliding window's backward (no documents, no dense mask) bound once per problem (the tensors' shapes,
+    strides, dtypes and alignment, the window, the scale, the options), as the forward's Gluon launch is: run(q, k,
+    v, o, lse, do) -> (dq, dk, dv); None where :func:`_backward` runs it."""
+    from flashattn.kernels import launch_cache
+
+    if spec.mask is not None or spec.packed or masked_bwd.CONCURRENT_DQ or launch_cache._captured is not None:
+        return None
+    key = launch_cache.problem_key((q, k, v, o, lse, do), (spec.left, spec.right, spec.causal, scale), options)
+    run = None if key is None else _BACKWARD_RUNS.get(key)
+    if run is None and key is not None:
+        run = _bind_window_backward(q, k, v, o, lse, do, spec, scale, options) or _ORDINARY
+        if len(_BACKWARD_RUNS) >= _MAX_GLUON_RUNS:
+            _BACKWARD_RUNS.clear()
+        _BACKWARD_RUNS[key] = run
+    return None if run is _ORDINARY else run
+
+
+def _bind_window_backward(q, k, v, o, lse, do, spec: Spec, scale: float, options: dict):
+    from flashattn.kernels.fast_backward import bind_delta
+
+    if do.stride(-1) != 1:
+        return None
+    dkdv_tiles, dq_tiles = _backward_tiles(q, spec, options.get("dkdv_tiles"), options.get("dq_tiles"))
+    delta = torch.empty(o.shape[:-1], dtype=torch.float32, device=o.device)  # as delta_run makes it
+    kernels = masked_bwd.bind_window(q, k, v, do, lse, delta, torch.empty_like(q), torch.empty_like(k),
+                                     torch.empty_like(v), left=_reach(spec.left), right=_reach(spec.right),
+                                     scale=scale, dkdv_tiles=dkdv_tiles, dq_tiles=dq_tiles)
+    if kernels is None:
+        return None
+    delta_run = bind_delta(o, do)
+
+    def run(q, k, v, o, lse, do):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        kernels(q, k, v, do, lse, delta_run(o, do), dq, dk, dv)
+        return dq, dk, dv
+
+    return run
+
+
 class _MaskedAttention(torch.autograd.Function):
     """O = masked attention(q, k, v); saves q, k, v, O and the log-sum-exp (never an L × S tensor)."""
 
@@ -316,6 +365,9 @@ class _MaskedAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
+        run = _window_backward(q, k, v, o, lse, do, ctx.spec, ctx.scale, ctx.options)
+        if run is not None:
+            return (*run(q, k, v, o, lse, do), None, None, None)
         dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.spec, ctx.scale, ctx.options.get("dkdv_tiles"),
                                ctx.options.get("dq_tiles"), None)
         return dq, dk, dv, None, None, None

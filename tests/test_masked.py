@@ -190,6 +190,50 @@ def test_attention_varlen_is_differentiable_and_checks_its_arguments():
         varlen(q, k, v, cu, cu, 0, 30)
 
 
+@pytest.mark.parametrize("L,S,window,causal,hkv,group,dtype", [
+    (70, 70, (7, 0), True, 1, 2, torch.float16), (64, 20, (3, 5), False, 2, 1, torch.float32),
+    (17, 40, (-1, 9), False, 1, 1, torch.float16), (1, 1, (0, 0), True, 1, 3, torch.float32)])
+def test_a_window_backward_is_bound_once_and_right_on_new_tensors(L, S, window, causal, hkv, group, dtype,
+                                                                 monkeypatch):
+    """Eager window gradients through autograd: the first call of a problem binds its backward (the launches that
+    ``backward_window`` makes, recorded once), the next calls, on new tensors of the same problem, launch them
+    without ``backward_window``'s host code; every call's gradients match float64's."""
+    from flashattn.kernels import masked_backward
+
+    monkeypatch.setattr(masking, "_BACKWARD_RUNS", {})
+    ran = []
+    original = masked_backward.backward_window
+    monkeypatch.setattr(masked_backward, "backward_window", lambda *a, **kw: ran.append(1) or original(*a, **kw))
+    gen = torch.Generator().manual_seed(L + S)
+    mask = mb.window_mask(L, S, window, causal, device=runtime.DEVICE)
+    for _ in range(3):
+        q, do = (randn(2, hkv * group, L, 16, dtype=dtype, gen=gen) for _ in range(2))
+        k, v = (randn(2, hkv, S, 16, dtype=dtype, gen=gen).requires_grad_() for _ in range(2))
+        q.requires_grad_()
+        out = flashattn.attention(q, k, v, variant="fast", causal=causal, window=window)
+        grads = torch.autograd.grad(out, (q, k, v), do)
+        check(out.detach(), grads, *torch_reference(q, k, v, do, mask), dtype)
+    assert len(ran) == 1 and len(masking._BACKWARD_RUNS) == 1, (ran, masking._BACKWARD_RUNS)
+
+
+def test_the_bound_backward_leaves_documents_masks_and_a_second_stream_to_the_ordinary_path(monkeypatch):
+    from flashattn.kernels import masked_backward
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, do = (randn(1, 2, 32, 16, dtype=torch.float16, gen=gen) for _ in range(4))
+    o, lse = masking.masked_forward(q, k, v, causal=True, window=(4, 0))
+    spec = masking.make_spec(q, k, v, causal=True, window=(4, 0))
+    assert masking._window_backward(q, k, v, o, lse, do, spec, 0.25, {}) is not None
+    assert masking._window_backward(q, k, v, o, lse, do[..., ::1].transpose(2, 3).contiguous().transpose(2, 3),
+                                    spec, 0.25, {}) is None  # dO's rows not contiguous: copied by the ordinary path
+    monkeypatch.setattr(masked_backward, "CONCURRENT_DQ", True)
+    assert masking._window_backward(q, k, v, o, lse, do, spec, 0.25, {}) is None
+    monkeypatch.setattr(masked_backward, "CONCURRENT_DQ", False)
+    dense = masking.make_spec(q, k, v, causal=True, attn_mask=torch.ones(1, 2, 32, 32, dtype=torch.bool,
+                                                                         device=q.device))
+    assert masking._window_backward(q, k, v, o, lse, do, dense, 0.25, {}) is None
+
+
 @pytest.mark.parametrize("layout", ["heads first", "every other column", "broadcast"])
 def test_gradients_from_a_strided_do(layout, monkeypatch):
     """dO as a model hands it over: a packed output seen from (1, H, total, D) memory (``.transpose(0, 1)``), a

@@ -512,3 +512,36 @@ def backward_blocks(q, k, v, do, lse, delta, dq, dk, dv, mask, dkdv_tables, dq_t
         if counts is not None:
             counts[name] = found
     _join(stream, q.device)
+
+
+def bind_window(q, k, v, do, lse, delta, dq, dk, dv, **options):
+    """:func:`backward_window` for one window problem without documents, counts or a second stream, bound: a function
+    ``run(q, k, v, do, lse, delta, dq, dk, dv)`` for tensors with these ones' shapes, strides, dtypes and alignment
+    (a caller keys it so, as ``launch_cache.bind`` asks) that launches the two kernels again without working out
+    their arguments and keys (a short window's backward costs the host more than the GPU, and the autograd engine
+    runs it on a thread where Python is slower). The launches are the ones :func:`backward_window` makes, recorded
+    once (``launch_cache.capturing``) with these tensors in their places. None where it does not apply."""
+    templates = (q, k, v, do, lse, delta, dq, dk, dv)
+    if CONCURRENT_DQ or options.get("cu_q") is not None or options.get("counts") is not None:
+        return None
+    if len({id(t) for t in templates}) < len(templates):  # one tensor in two places: its place would be ambiguous
+        return None
+    with launch_cache.capturing() as launches:
+        backward_window(*templates, **options)
+    bound = []
+    for kernel, grid, args, constexprs, launch_options in launches:
+        places = tuple((i, next((j for j, t in enumerate(templates) if a is t), None)) for i, a in enumerate(args)
+                       if isinstance(a, torch.Tensor))
+        if any(j is None for _, j in places):  # a tensor made inside (none for a window): not a bound problem
+            return None
+        kept = tuple(None if isinstance(a, torch.Tensor) else a for a in args)  # no reference to these tensors kept
+        bound.append((launch_cache.bind(kernel, grid, constexprs, **launch_options), kept, places))
+
+    def run(*tensors):
+        for launch, args, places in bound:
+            args = list(args)
+            for i, j in places:
+                args[i] = tensors[j]
+            launch(*args)
+
+    return run
