@@ -156,7 +156,7 @@ def takes_gluon_window(q4, k4, v4, spec: Spec, tiles, counts) -> bool:
 
 
 _GLUON_RUNS: dict = {}  # a window problem's bound Gluon launch (fast_gluon.bind), by launch_cache.problem_key
-_MAX_GLUON_RUNS = 256
+_MAX_BOUND = 256  # bound problems kept (forward and backward, each); past that, start again
 
 
 def _gluon_window_forward(q4, k4, v4, o4, lse3, left: int, scale: float) -> None:
@@ -170,7 +170,7 @@ def _gluon_window_forward(q4, k4, v4, o4, lse3, left: int, scale: float) -> None
     if run is None:
         run = fast_gluon.bind(q4, k4, v4, o4, lse3, True, scale, True, opts, left=left)
         if key is not None:
-            if len(_GLUON_RUNS) >= _MAX_GLUON_RUNS:
+            if len(_GLUON_RUNS) >= _MAX_BOUND:
                 _GLUON_RUNS.clear()
             _GLUON_RUNS[key] = run
     run(q4, k4, v4, o4, lse3)
@@ -323,7 +323,7 @@ def _window_backward(q, k, v, o, lse, do, spec: Spec, scale: float, options: dic
     run = None if key is None else _BACKWARD_RUNS.get(key)
     if run is None and key is not None:
         run = _bind_window_backward(q, k, v, o, lse, do, spec, scale, options) or _ORDINARY
-        if len(_BACKWARD_RUNS) >= _MAX_GLUON_RUNS:
+        if len(_BACKWARD_RUNS) >= _MAX_BOUND:
             _BACKWARD_RUNS.clear()
         _BACKWARD_RUNS[key] = run
     return None if run is _ORDINARY else run
