@@ -320,8 +320,10 @@ def _window_backward(q, k, v, o, lse, do, spec: Spec, scale: float, options: dic
     if spec.mask is not None or spec.packed or masked_bwd.CONCURRENT_DQ or launch_cache._captured is not None:
         return None
     key = launch_cache.problem_key((q, k, v, o, lse, do), (spec.left, spec.right, spec.causal, scale), options)
-    run = None if key is None else _BACKWARD_RUNS.get(key)
-    if run is None and key is not None:
+    if key is None:
+        return None
+    run = _BACKWARD_RUNS.get(key)
+    if run is None:
         run = _bind_window_backward(q, k, v, o, lse, do, spec, scale, options) or _ORDINARY
         if len(_BACKWARD_RUNS) >= _MAX_BOUND:
             _BACKWARD_RUNS.clear()

@@ -50,8 +50,11 @@ def with_flag(fn, on: bool):
     return call
 
 
-def main():
-    os.makedirs(OUT, exist_ok=True)
+def compare(cells, variants: dict, json_name: str) -> list:
+    """Per cell (a ``masks.Problem`` and D) and dtype, forward+backward: ours through each of ``variants`` (name -> a
+    wrapper of the timed step; the first is the reference), and FlexAttention, timed in interleaved rounds as
+    ``masks_vs_flex`` times them; each variant's gradients compared with the first's (the same kernels: equal).
+    Rows written to $OUT/``json_name`` as they come (``window_backward.py`` runs the same loop)."""
     import torch
     import torch._dynamo
     from torch.nn.attention.flex_attention import flex_attention
@@ -60,30 +63,37 @@ def main():
     from flashattn.measure.measurements import masks
     from flashattn.reference import rel_error
 
+    os.makedirs(OUT, exist_ok=True)
     torch._dynamo.config.cache_size_limit = 256
     flex = torch.compile(flex_attention, dynamic=False)
     state, mods = masks.flex_mask_mods(runtime.DEVICE)
-    rows = []
-    for p, D in cells():
+    names, rows = list(variants), []
+    for p, D in cells:
         for dtype_name in ("float16", "bfloat16"):
             q, k, v, do = masks.inputs(p, D, getattr(torch, dtype_name), runtime.DEVICE, seed=D + p.N)
             fns = masks.kernels(p, runtime.DEVICE, state, mods, flex)
             step = masks.timed(fns["ours"], q, k, v, do, training=True)
-            calls = {"in turn": with_flag(step, False), "beside": with_flag(step, True),
-                     "flex": masks.timed(fns["flex"], q, k, v, do, training=True)}
-            grads = {name: calls[name]() for name in calls}
-            same = max(rel_error(a, b) for a, b in zip(grads["in turn"], grads["beside"], strict=True))
+            calls = {name: wrap(step) for name, wrap in variants.items()}
+            calls["flex"] = masks.timed(fns["flex"], q, k, v, do, training=True)
+            grads = {name: calls[name]() for name in names}
+            differ = {name: max(rel_error(a, b) for a, b in zip(grads[names[0]], grads[name], strict=True))
+                      for name in names[1:]}
             times = masks.interleaved(calls)
             ms = {name: statistics.median(t) for name, t in times.items()}
             row = {"cell": p.label, "D": D, "dtype": dtype_name, "ms": ms, "ms_rounds": times,
-                   "grads_beside_vs_in_turn": same,
-                   "vs_flex": {name: ms["flex"] / ms[name] for name in ("in turn", "beside")}}
+                   f"grads_vs_{names[0]}": differ, "vs_flex": {name: ms["flex"] / ms[name] for name in names}}
             rows.append(row)
-            log(f"{p.label} D={D} {dtype_name}: in turn {ms['in turn']:.3f} ms, beside {ms['beside']:.3f} ms, "
-                f"flex {ms['flex']:.3f} ms; ×flex {row['vs_flex']['in turn']:.2f} -> {row['vs_flex']['beside']:.2f}; "
-                f"grads differ by {same:.1e}")
-            with open(os.path.join(OUT, "concurrent_dq.json"), "w") as f:
+            log(f"{p.label} D={D} {dtype_name}: " + ", ".join(f"{n} {ms[n]:.3f} ms" for n in calls)
+                + "; ×flex " + " -> ".join(f"{row['vs_flex'][n]:.2f}" for n in names)
+                + "; grads differ by " + ", ".join(f"{d:.1e}" for d in differ.values()))
+            with open(os.path.join(OUT, json_name), "w") as f:
                 json.dump(rows, f, indent=1)
+    return rows
+
+
+def main():
+    rows = compare(cells(), {"in turn": lambda step: with_flag(step, False),
+                             "beside": lambda step: with_flag(step, True)}, "concurrent_dq.json")
     gains = [r["ms"]["in turn"] / r["ms"]["beside"] for r in rows]
     log(f"beside / in turn: geomean speed-up {statistics.geometric_mean(gains):.3f}, "
         f"min {min(gains):.3f}, max {max(gains):.3f}; total {time.time() - T0:.0f} s")

@@ -2,54 +2,30 @@
 
     python tools/gpu/operator/host_parts.py     # seconds on an H200; prints, writes $OUT/host_parts.json
 
-B 16, H 16, N 1024, D 64, causal, fp16 and bf16: median µs per call (300 calls) of one allocation, one descriptor
-rebased and encoded (what Triton's launcher does with each of the Gluon backward's seven), the backward's problem
-key, its three bound launches, and the whole backward called directly; on the main thread and on a thread of its
-own (the autograd engine runs a CUDA backward on one). Stop 48 also timed a launch through Triton's C launcher
-alone, without its Python steps: it saved nothing measurable (the Gluon backward's bound launch took 30 µs either
-way), so the course keeps Triton's launcher.
+B 16, H 16, N 1024, D 64, causal, fp16 and bf16: median µs per call (``thread_probe.per_call_us``) of one
+allocation, one descriptor rebased and encoded (what Triton's launcher does with each of the Gluon backward's
+seven), the backward's problem key, its three bound launches, and the whole backward called directly; on the main
+thread and on a thread of its own (the autograd engine runs a CUDA backward on one). Stop 48 also tried a launch
+through Triton's C launcher alone, without its Python steps, and found no measurable saving (its closing note has
+the run), so the course keeps Triton's launcher.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
-import threading
-import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from thread_probe import on_thread, per_call_us  # noqa: E402  (tools/gpu/operator/thread_probe.py, beside this)
 
 from flashattn import runtime  # noqa: E402
 from flashattn.kernels import descriptors, fast, fast_backward, fast_backward_gluon  # noqa: E402
-
-
-def per_call_us(fn, calls=300) -> float:
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return statistics.median(times) * 1e6
-
-
-def on_thread(fn) -> float:
-    box = {}
-
-    def target():
-        torch.cuda.set_device(0)  # a new thread has no current CUDA context (the engine's threads set theirs)
-        box.update(us=fn())
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
-    return box["us"]
 
 
 def pieces(q, k, v, do) -> dict:

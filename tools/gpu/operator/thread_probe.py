@@ -42,7 +42,12 @@ def per_call_us(fn, calls=CALLS) -> float:
 
 def on_thread(fn):
     box = {}
-    t = threading.Thread(target=lambda: box.update(us=fn()))
+
+    def target():
+        torch.cuda.set_device(0)  # a new thread has no current CUDA context (the engine's threads set theirs)
+        box.update(us=fn())
+
+    t = threading.Thread(target=target)
     t.start()
     t.join()
     return box["us"]
