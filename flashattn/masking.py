@@ -24,6 +24,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from flashattn import runtime
 from flashattn.kernels import mask_blocks, masked
 from flashattn.kernels import masked_backward as masked_bwd
 from flashattn.kernels.fast_backward import delta_rows
@@ -353,12 +354,56 @@ def _bind_window_backward(q, k, v, o, lse, do, spec: Spec, scale: float, options
     return run
 
 
+_FORWARD_RUNS: dict = {}  # a window problem's prepared forward (_window_forward), by launch_cache.problem_key
+
+
+def _window_forward(q, k, v, spec: Spec, scale, options: dict):
+    """A sliding window's forward (no documents, no dense mask) prepared once per problem (the tensors' shapes,
+    strides, dtypes and alignment, the window, the scale given, the options): ``(scale, run)`` with run(q, k, v) ->
+    (o, lse), the checks and the choice of kernel made the first time (they depend on nothing else) and the Gluon
+    launch bound; None for the ordinary path (:func:`_apply`). A short window's forward takes the GPU less time than
+    the host its checks, its choice of tiles and its launch: its step is timed at the host's pace."""
+    from flashattn.kernels import fast_gluon, launch_cache
+
+    if torch.compiler.is_compiling() or launch_cache._captured is not None:
+        return None
+    key = launch_cache.problem_key((q, k, v), (spec.left, spec.right, spec.causal, scale, runtime.MODE), options)
+    if key is None:
+        return None
+    prepared = _FORWARD_RUNS.get(key)
+    if prepared is None:
+        q4, k4, v4, checked = _check(q, k, v, spec, scale)
+        _check_options(options)
+        tiles = options.get("tiles")
+        if takes_gluon_window(q4, k4, v4, spec, tiles, None):
+            (B, H, L, D), left = q.shape, min(spec.left, q.shape[2])
+            o, lse = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty((B, H, L), dtype=torch.float32,
+                                                                                     device=q.device)
+            launch = fast_gluon.bind(q, k, v, o, lse, True, checked, True,
+                                     masked.gluon_window_options(q.dtype, D), left=left)
+
+            def run(q, k, v):
+                o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+                lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+                launch(q, k, v, o, lse)
+                return o, lse
+        else:
+            def run(q, k, v):
+                return _forward(q, k, v, spec, checked, tiles, None)
+        prepared = (checked, run)
+        if len(_FORWARD_RUNS) >= _MAX_BOUND:
+            _FORWARD_RUNS.clear()
+        _FORWARD_RUNS[key] = prepared
+    return prepared
+
+
 class _MaskedAttention(torch.autograd.Function):
-    """O = masked attention(q, k, v); saves q, k, v, O and the log-sum-exp (never an L × S tensor)."""
+    """O = masked attention(q, k, v); saves q, k, v, O and the log-sum-exp (never an L × S tensor). ``run``: a
+    window's prepared forward (:func:`_window_forward`), or None."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec, scale, options):
-        o, lse = _forward(q, k, v, spec, scale, options.get("tiles"), None)
+    def forward(ctx, q, k, v, spec, scale, options, run=None):
+        o, lse = run(q, k, v) if run is not None else _forward(q, k, v, spec, scale, options.get("tiles"), None)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.spec, ctx.scale, ctx.options = spec, scale, options
         return o
@@ -369,18 +414,29 @@ class _MaskedAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         run = _window_backward(q, k, v, o, lse, do, ctx.spec, ctx.scale, ctx.options)
         if run is not None:
-            return (*run(q, k, v, o, lse, do), None, None, None)
+            return (*run(q, k, v, o, lse, do), None, None, None, None)
         dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.spec, ctx.scale, ctx.options.get("dkdv_tiles"),
                                ctx.options.get("dq_tiles"), None)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
-def _apply(q, k, v, spec: Spec, scale, options: dict):
-    *_, scale = _check(q, k, v, spec, scale)
+def _check_options(options: dict) -> None:
     unknown = sorted(set(options) - {"tiles", "dkdv_tiles", "dq_tiles"})
     if unknown:
         raise TypeError(f"masked attention: unknown option(s) {', '.join(unknown)}; accepted: dkdv_tiles, dq_tiles, "
                         "tiles")
+
+
+def _apply(q, k, v, spec: Spec, scale, options: dict):
+    if not spec.packed and spec.mask is None and all(type(t) is torch.Tensor for t in (q, k, v)):
+        prepared = _window_forward(q, k, v, spec, scale, options)
+        if prepared is not None:
+            scale, run = prepared
+            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+                return _MaskedAttention.apply(q, k, v, spec, scale, options, run)
+            return run(q, k, v)[0]
+    *_, scale = _check(q, k, v, spec, scale)
+    _check_options(options)
     if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in (q, k, v)):
         from flashattn import ops  # the operator: one node to torch.compile (and to tensor subclasses)
 

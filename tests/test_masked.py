@@ -216,6 +216,44 @@ def test_a_window_backward_is_bound_once_and_right_on_new_tensors(L, S, window, 
     assert len(ran) == 1 and len(masking._BACKWARD_RUNS) == 1, (ran, masking._BACKWARD_RUNS)
 
 
+@pytest.mark.parametrize("L,S,window,causal,hkv,group,dtype", [
+    (70, 70, (7, 0), True, 1, 2, torch.float16), (100, 100, (30, 0), True, 2, 1, torch.float16),
+    (17, 40, (-1, 9), False, 1, 1, torch.float32), (1, 1, (0, 0), True, 1, 3, torch.float32)])
+def test_a_window_forward_is_prepared_once_and_right_on_new_tensors(L, S, window, causal, hkv, group, dtype,
+                                                                   monkeypatch):
+    """``attention(..., window=...)`` checks a problem's inputs and chooses its kernel once (the first call), then
+    runs the prepared forward on new tensors of the same problem, with and without autograd: every output matches
+    float64's; another scale is another problem (its own result); bad inputs still raise, on every call."""
+    monkeypatch.setattr(masking, "_FORWARD_RUNS", {})
+    checked = []
+    original = masking._check
+    monkeypatch.setattr(masking, "_check", lambda *a: checked.append(1) or original(*a))
+    gen = torch.Generator().manual_seed(L + S)
+    mask = mb.window_mask(L, S, window, causal, device=runtime.DEVICE)
+    for call in range(4):
+        q, do = (randn(2, hkv * group, L, 16, dtype=dtype, gen=gen) for _ in range(2))
+        k, v = (randn(2, hkv, S, 16, dtype=dtype, gen=gen) for _ in range(2))
+        if call % 2:
+            for t in (q, k, v):
+                t.requires_grad_()
+            out = flashattn.attention(q, k, v, variant="fast", causal=causal, window=window)
+            check(out.detach(), torch.autograd.grad(out, (q, k, v), do), *torch_reference(q, k, v, do, mask), dtype)
+        else:
+            out = flashattn.attention(q, k, v, variant="fast", causal=causal, window=window)
+            assert not out.requires_grad
+            assert rel_error(out, torch_reference(q, k, v, do, mask)[0].to(dtype)) < TOL[dtype]
+    assert len(checked) == 1 and len(masking._FORWARD_RUNS) == 1
+    halved = flashattn.attention(q, k, v, variant="fast", causal=causal, window=window, scale=0.125)
+    s = (q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2) * 0.125).masked_fill(~mask, -torch.inf)
+    expected = torch.nan_to_num(torch.softmax(s, -1)) @ v.double().repeat_interleave(group, 1)
+    assert len(masking._FORWARD_RUNS) == 2 and rel_error(halved, expected.to(dtype)) < TOL[dtype]
+    for _ in range(2):
+        with pytest.raises(TypeError, match="unknown option"):
+            flashattn.attention(q, k, v, variant="fast", causal=causal, window=window, tile=(16, 16, 4, 1))
+        with pytest.raises(ValueError):
+            flashattn.attention(q, k[..., :8], v, variant="fast", causal=causal, window=window)
+
+
 def test_the_bound_backward_leaves_documents_masks_and_a_second_stream_to_the_ordinary_path(monkeypatch):
     from flashattn.kernels import masked_backward
 

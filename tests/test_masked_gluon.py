@@ -42,11 +42,13 @@ def test_which_windows_take_the_gluon_kernel(monkeypatch):
 
 
 def _spy(monkeypatch) -> list:
-    """The ``left`` of every Gluon window launch masking binds (once per problem; none bound before the test)."""
+    """The ``left`` of every Gluon window launch masking binds (once per problem; none bound or prepared before the
+    test)."""
     from flashattn.kernels import fast_gluon
 
     calls, bind = [], fast_gluon.bind
     monkeypatch.setattr(masking, "_GLUON_RUNS", {})
+    monkeypatch.setattr(masking, "_FORWARD_RUNS", {})
     monkeypatch.setattr(fast_gluon, "bind", lambda *a, **kw: calls.append(kw.get("left")) or bind(*a, **kw))
     return calls
 

@@ -53,11 +53,13 @@ def test_every_kernel_of_a_cell_computes_the_same(problem, monkeypatch):
     assert set(fns) == {"ours", "flex", "sdpa", "fast_full"}
     assert masks.reference_rows(problem, q, k, v)[2].shape == (64, 16)  # 256 rows asked: all 64 there are
     b, rows, ref = masks.reference_rows(problem, q, k, v, rows=20)
-    outs = {name: masks.timed(fn, q, k, v, do, training=False)() for name, fn in fns.items() if name != "fast_full"}
+    outs = {name: masks.timed(fn, q, k, v, do, False, masks.takes_packed(problem, name))()
+            for name, fn in fns.items() if name != "fast_full"}
     for name, out in outs.items():
         assert rel_error(out[b, 0, rows], ref) < 1e-5, name
         assert rel_error(out, outs["sdpa"]) < 1e-5, name
-    grads = masks.timed(fns["ours"], q, k, v, do, training=True)()
+    grads = masks.timed(fns["ours"], q, k, v, do, True, masks.takes_packed(problem, "ours"))()
+    assert all(g.shape == q.shape for g in grads)
     ref_grads = masks.timed(fns["sdpa"], q, k, v, do, training=True)()
     assert max(rel_error(g, r) for g, r in zip(grads, ref_grads, strict=True)) < 1e-5
     assert len(masks.timed(fns["fast_full"], q, k, v, do, training=True)()) == 3  # the baseline has gradients too

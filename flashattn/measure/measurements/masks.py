@@ -201,15 +201,28 @@ def packed(x: torch.Tensor) -> torch.Tensor:
     return x[0].transpose(0, 1)
 
 
+def unpacked(x: torch.Tensor) -> torch.Tensor:
+    """Packed (N, H, D) seen as (1, H, N, D) (a view): :func:`packed` undone."""
+    return x.transpose(0, 1)[None]
+
+
+def takes_packed(p: Problem, name: str) -> bool:
+    """Whether kernel ``name`` of the cell takes packed (N, H, D) tensors: ours on packed documents, which is
+    ``flash_attn_varlen_func``'s layout, the one its users' tensors have (a projection's output seen as (N, H, D)).
+    Its leaves are made so (:func:`timed`): leaves of shape (1, H, N, D) seen packed would add to every
+    backward the autograd's copies of their gradients back through the views, which a user does not have."""
+    return p.kind == "documents" and name == "ours"
+
+
 def ours_fn(p: Problem, device):
-    """Our masked attention of the problem, as ``fn(q, k, v) -> (B, H, N, D)``."""
+    """Our masked attention of the problem, as ``fn(q, k, v) -> (B, H, N, D)``; on packed documents
+    (:func:`takes_packed`) ``fn(q, k, v) -> (N, H, D)`` of (N, H, D) inputs."""
     if p.kind == "window":
         return lambda q, k, v: attention(q, k, v, variant="fast", causal=True, window=(p.window - 1, 0))
     if p.kind == "documents":
         cu = mask_blocks.cu_seqlens(p.lengths, device)
         longest = max(p.lengths)
-        return lambda q, k, v: attention_varlen(packed(q), packed(k), packed(v), cu, cu, longest, longest,
-                                                causal=True).transpose(0, 1)[None]
+        return lambda q, k, v: attention_varlen(q, k, v, cu, cu, longest, longest, causal=True)
     mask = dense_mask(p, device)
     return lambda q, k, v: scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
@@ -228,14 +241,21 @@ def kernels(p: Problem, device, flex_state=None, flex_mods=None, flex_compiled=N
     return fns
 
 
-def timed(fn, q, k, v, do, training: bool):
-    """A function of no arguments: the forward (no autograd), or forward and backward (the gradients returned)."""
+def timed(fn, q, k, v, do, training: bool, packed_args: bool = False):
+    """A function of no arguments: the forward (no autograd), or forward and backward (the gradients returned), of
+    (1, H, N, D) inputs; ``packed_args``: ``fn`` takes and returns packed (N, H, D) tensors, made contiguous here
+    (:func:`takes_packed`), and what it returns is seen as (1, H, N, D) again."""
+    if packed_args:
+        q, k, v, do = (packed(t).contiguous() for t in (q, k, v, do))
     if not training:
         def forward():
             with torch.no_grad():
-                return fn(q, k, v)
+                out = fn(q, k, v)
+            return unpacked(out) if packed_args else out
         return forward
     leaves = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+    if packed_args:
+        return lambda: tuple(map(unpacked, torch.autograd.grad(fn(*leaves), leaves, do)))
     return lambda: torch.autograd.grad(fn(*leaves), leaves, do)
 
 
@@ -275,7 +295,7 @@ def measure_cell(p: Problem, dtype_name: str, D: int, training: bool, fns: dict,
            "label": p.label, "window": p.window, "documents": len(p.lengths) if p.kind == "documents" else None,
            "errors": {}, "rel_error": {}}
     full_key = (p.N, p.B, p.causal, dtype_name, D, training)
-    calls = {name: timed(fn, q, k, v, do, training) for name, fn in fns.items()
+    calls = {name: timed(fn, q, k, v, do, training, takes_packed(p, name)) for name, fn in fns.items()
              if not (name == "fast_full" and full_key in full_ms)}
     b, sl, ref = reference_rows(p, q, k, v)
     outputs, row["first_call_s"] = {}, {}
@@ -377,7 +397,9 @@ def masks_vs_flex(groups=None, budget_s: float = BUDGET_S, cells=None) -> dict:
                      "kernel's median over the rounds); vs: the kernel's time over ours (> 1: ours faster); flex: "
                      "torch.compile'd flex_attention, its BlockMask built once per cell; sdpa: the dense mask, up to "
                      f"N = {SDPA_MAX_N} (padding: its (B, 1, 1, S) broadcast at any N); fast_full: fast on the whole "
-                     "length, causal but for padding, timed in the first cell of its problem; sliding windows: each "
+                     "length, causal but for padding, timed in the first cell of its problem; packed documents: ours "
+                     "on (N, H, D) tensors, flash_attn_varlen_func's layout (its leaves so), the others on (1, H, N, "
+                     "D); sliding windows: each "
                      "query sees its last W keys (window=(W - 1, 0), causal); rows with measured_at come from an "
                      "earlier run of this measurement (FLASHATTN_MASKS_GROUPS chooses the groups a run measures); "
                      "first_call_s: each kernel's first call in the cell (FlexAttention's compile)"}

@@ -72,7 +72,7 @@ def compare(cells, variants: dict, json_name: str) -> list:
         for dtype_name in ("float16", "bfloat16"):
             q, k, v, do = masks.inputs(p, D, getattr(torch, dtype_name), runtime.DEVICE, seed=D + p.N)
             fns = masks.kernels(p, runtime.DEVICE, state, mods, flex)
-            step = masks.timed(fns["ours"], q, k, v, do, training=True)
+            step = masks.timed(fns["ours"], q, k, v, do, training=True, packed_args=masks.takes_packed(p, "ours"))
             calls = {name: wrap(step) for name, wrap in variants.items()}
             calls["flex"] = masks.timed(fns["flex"], q, k, v, do, training=True)
             grads = {name: calls[name]() for name in names}
