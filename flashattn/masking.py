@@ -361,8 +361,8 @@ def _window_forward(q, k, v, spec: Spec, scale, options: dict):
     """A sliding window's forward (no documents, no dense mask) prepared once per problem (the tensors' shapes,
     strides, dtypes and alignment, the window, the scale given, the options): ``(scale, run)`` with run(q, k, v) ->
     (o, lse), the checks and the choice of kernel made the first time (they depend on nothing else) and the Gluon
-    launch bound; None for the ordinary path (:func:`_apply`). A short window's forward takes the GPU less time than
-    the host its checks, its choice of tiles and its launch: its step is timed at the host's pace."""
+    launch bound; None for the ordinary path (:func:`_apply`). On a short window the GPU finishes the forward sooner
+    than the host prepares it (checks, tiles, launch), so a training step runs at the host's pace."""
     from flashattn.kernels import fast_gluon, launch_cache
 
     if torch.compiler.is_compiling() or launch_cache._captured is not None:
