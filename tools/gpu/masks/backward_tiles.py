@@ -1,6 +1,6 @@
 """GPU probe (issue 30): the masked backward's tiles on the cells where it trails FlexAttention, on the H200.
 
-    python tools/gpu/masks/backward_tiles.py    # about four minutes; summary on stdout, $OUT/backward_tiles.json
+    python tools/gpu/masks/backward_tiles.py    # about three minutes; summary on stdout, $OUT/backward_tiles.json
 
 The forward+backward cells of ``masks_vs_flex`` below 1.0x FlexAttention that run the window kernels' backward (a
 window of 256 keys at N = 16k, D = 64 and 128; packed documents at N = 16k, D = 128), fp16 and bf16: our forward and
