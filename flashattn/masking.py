@@ -376,15 +376,15 @@ def _window_forward(q, k, v, spec: Spec, scale, options: dict):
         _check_options(options)
         tiles = options.get("tiles")
         if takes_gluon_window(q4, k4, v4, spec, tiles, None):
-            (B, H, L, D), left = q.shape, min(spec.left, q.shape[2])
-            o, lse = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty((B, H, L), dtype=torch.float32,
-                                                                                     device=q.device)
-            launch = fast_gluon.bind(q, k, v, o, lse, True, checked, True,
-                                     masked.gluon_window_options(q.dtype, D), left=left)
+            def outputs(q):  # o and lse as _forward makes them
+                return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                        torch.empty(q.shape[:3], dtype=torch.float32, device=q.device))
+
+            launch = fast_gluon.bind(q, k, v, *outputs(q), True, checked, True,
+                                     masked.gluon_window_options(q.dtype, q.shape[3]), left=min(spec.left, q.shape[2]))
 
             def run(q, k, v):
-                o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-                lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+                o, lse = outputs(q)
                 launch(q, k, v, o, lse)
                 return o, lse
         else:
@@ -428,7 +428,7 @@ def _check_options(options: dict) -> None:
 
 
 def _apply(q, k, v, spec: Spec, scale, options: dict):
-    if not spec.packed and spec.mask is None and all(type(t) is torch.Tensor for t in (q, k, v)):
+    if not spec.packed and spec.mask is None:  # (tensor subclasses: no key, the ordinary path)
         prepared = _window_forward(q, k, v, spec, scale, options)
         if prepared is not None:
             scale, run = prepared

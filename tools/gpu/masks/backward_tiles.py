@@ -37,26 +37,14 @@ def log(*args):
 
 
 def kernel_ms(fn, steps: int = 5) -> dict:
-    """Each CUDA kernel's GPU time per step (ms), from torch.profiler over ``steps`` calls."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    """Each CUDA kernel's GPU time per step (ms), the eight longest, from ``torch_profile`` over ``steps`` calls."""
+    from flashattn.measure.profile import torch_profile
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if t and e.count >= steps:
-            out[e.key[:90]] = t / 1e3 / steps
-    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:8])
+    kernels = [r for r in torch_profile({"step": fn}, repeat=steps) if r["kind"] == "kernel"]
+    return {r["name"][:90]: r["self_device_ms"] / steps for r in kernels[:8]}
 
 
 def one_cell(p, D, dtype_name, flex) -> dict:
-
     from flashattn import runtime
     from flashattn.measure.measurements import masks
 

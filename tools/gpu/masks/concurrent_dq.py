@@ -38,16 +38,22 @@ def cells():
             (Problem("padding", 16384, B=4, lengths=padding_lengths(4, 16384)), 128)]
 
 
-def with_flag(fn, on: bool):
-    from flashattn.kernels import masked_backward
-
+def patched(fn, module, name: str, value):
+    """``fn`` that runs with ``module.name`` set to ``value`` (put back after each call)."""
     def call():
-        before, masked_backward.CONCURRENT_DQ = masked_backward.CONCURRENT_DQ, on
+        before = getattr(module, name)
+        setattr(module, name, value)
         try:
             return fn()
         finally:
-            masked_backward.CONCURRENT_DQ = before
+            setattr(module, name, before)
     return call
+
+
+def with_flag(fn, on: bool):
+    from flashattn.kernels import masked_backward
+
+    return patched(fn, masked_backward, "CONCURRENT_DQ", on)
 
 
 def compare(cells, variants: dict, json_name: str) -> list:

@@ -15,19 +15,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from concurrent_dq import compare  # noqa: E402  (tools/gpu/masks/concurrent_dq.py, beside this script)
+from concurrent_dq import compare, patched  # noqa: E402  (tools/gpu/masks/concurrent_dq.py, beside this script)
 
 
 def unbound(step):
     from flashattn import masking
 
-    def call():
-        before, masking._window_backward = masking._window_backward, lambda *a, **kw: None
-        try:
-            return step()
-        finally:
-            masking._window_backward = before
-    return call
+    return patched(step, masking, "_window_backward", lambda *a, **kw: None)
 
 
 def main():

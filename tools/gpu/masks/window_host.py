@@ -3,7 +3,7 @@
     python tools/gpu/masks/window_host.py    # about a minute; summary on stdout, $OUT/window_host.json
 
 A window of 256 keys at N = 16k (B 1, 16 heads; fp16 and bf16, D = 64 and 128), the cells of ``masks_vs_flex``
-whose GPU work (``backward_tiles.py``: 0.35 ms a step at D = 64) is shorter than the host's: per call, the host's
+whose GPU work (``backward_tiles.py`` profiles it) can be shorter than the host's: per call, the host's
 time (``thread_probe.per_call_us``: calls back to back, the GPU not waited for) and the timed one (do_bench), of
 the forward without autograd, the forward on leaves, and the training step (``masks.timed``), each with the forward
 prepared once per problem (``masking._window_forward``) and through the ordinary path, and FlexAttention's.
@@ -18,7 +18,9 @@ import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "gpu", "operator"))
+from concurrent_dq import patched  # noqa: E402  (tools/gpu/masks/concurrent_dq.py, beside this script)
 from thread_probe import per_call_us  # noqa: E402  (tools/gpu/operator/thread_probe.py)
 
 OUT = os.environ.get("OUT") or "probe_out"
@@ -27,13 +29,7 @@ OUT = os.environ.get("OUT") or "probe_out"
 def ordinary(fn):
     from flashattn import masking
 
-    def call():
-        before, masking._window_forward = masking._window_forward, lambda *a, **kw: None
-        try:
-            return fn()
-        finally:
-            masking._window_forward = before
-    return call
+    return patched(fn, masking, "_window_forward", lambda *a, **kw: None)
 
 
 def main():
