@@ -16,6 +16,7 @@ seconds, and kernels timed one after another would each meet a different clock.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import statistics
 import sys
@@ -33,8 +34,38 @@ def tflops(B: int, H: int, N: int, D: int, ms: float, causal: bool = False) -> f
     return attention_flops(B, H, N, D, causal) / (ms * 1e-3) / 1e12
 
 
-def time_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
-    """Median time of ``fn()`` in milliseconds, by ``triton.testing.do_bench`` (needs a GPU)."""
+L2_FLUSHES = ("zeros", "read")
+
+
+@contextlib.contextmanager
+def l2_flush(how: str):
+    """How ``triton.testing.do_bench`` empties the L2 before each timed call, inside the block. ``"zeros"``: its own
+    way, zeros written over a 256 MB buffer. They stay in the L2 as dirty lines, and the timed kernel's misses write
+    them back to DRAM within its interval: up to an L2 of bytes that are not the kernel's, a fixed cost that weighs
+    on a kernel reading a few MB (``tools/gpu/decode/flush.py``; ``decode_vs_sdpa``'s ``flush_effect``). ``"read"``:
+    the same buffer read instead (its sum), which leaves the L2 as cold, with clean lines."""
+    if how not in L2_FLUSHES:
+        raise ValueError(f"l2_flush: how must be one of {L2_FLUSHES}, got {how!r}")
+    if how == "zeros":
+        yield
+        return
+    import triton
+
+    driver = triton.runtime.driver.active
+    before = vars(driver).get("clear_cache")
+    driver.clear_cache = lambda cache: cache.sum()  # an instance attribute over the driver's method
+    try:
+        yield
+    finally:
+        if before is None:
+            del driver.clear_cache
+        else:
+            driver.clear_cache = before
+
+
+def time_ms(fn, *, warmup: int = 25, rep: int = 100, flush: str = "zeros") -> float:
+    """Median time of ``fn()`` in milliseconds, by ``triton.testing.do_bench`` (needs a GPU), the L2 emptied before
+    each call by ``flush`` (:func:`l2_flush`)."""
     if runtime.MODE != "gpu":
         raise RuntimeError(
             "live timings need a GPU: in interpreter mode the course shows the recorded results "
@@ -42,7 +73,8 @@ def time_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
         )
     from triton.testing import do_bench
 
-    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+    with l2_flush(flush):
+        return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
 def time_rounds(fns: dict, rounds: int) -> dict[str, list[float]]:

@@ -1,11 +1,12 @@
 """Notebook 15's generation with a KV cache (notebook 13's GPT) and the decoding measurements' code paths, at toy
 sizes (the measurements themselves time a GPU)."""
 
+import pytest
 import torch
 from helpers import rel_error
 
 import flashattn
-from flashattn import record, runtime
+from flashattn import bench, record, runtime
 from flashattn.kernels import decode
 from flashattn.measure.measurements import decode as measure
 from flashattn.measure.measurements import training
@@ -103,6 +104,57 @@ def test_replays_are_timed_beside_the_calls_and_a_failed_capture_is_recorded():
                                 timer=timer, rounds=1, D=16, page_size=16, capture=lambda fn: fn)
     assert len(curve[0]["graph_ms"]) == len(curve[0]["ms"]) == len(curve[0]["splits"])
     assert set(curve[0]["graph_ms"]).isdisjoint(curve[0]["ms"])
+
+
+def test_flush_effect_times_each_flush_in_the_same_rounds():
+    """flush_effect: per shape, both kernels timed under every flush's timer, in one set of interleaved rounds
+    (each timer stamps its calls: the medians must come from its own), ms and share by flush then kernel."""
+    stamps = iter(range(1, 1000))
+
+    def stamping(offset):
+        def timer(fn):
+            fn()
+            return offset + next(stamps)  # a distinct "time" per call, above 10 000 for the read flush's calls
+        return timer
+
+    timers = {"zeros": stamping(0), "read": stamping(10_000)}
+    rows = measure.flush_effect(((1, 2, 64),), "float16", device=runtime.DEVICE, copy_gbps=2.0, timers=timers,
+                                rounds=3, D=16, page_size=16, capture=lambda fn: fn)
+    (row,) = rows
+    assert row["replayed"] and set(row["ms"]) == set(row["share"]) == {"zeros", "read"}
+    for flush in ("zeros", "read"):
+        assert set(row["ms"][flush]) == {"flashattn", "sdpa"}
+        assert all((ms > 10_000) == (flush == "read") for ms in row["ms"][flush].values())
+        for name, ms in row["ms"][flush].items():
+            assert row["share"][flush][name] == row["cache_bytes"] / (ms * 1e-3) / 1e9 / 2.0
+    assert next(stamps) == 13  # 2 flushes x 2 kernels x 3 rounds, each call timed once
+
+
+def test_the_read_flush_leaves_the_buffer_and_gives_the_drivers_flush_back(monkeypatch):
+    """bench.l2_flush("read") makes do_bench's flush a read of its buffer (nothing written: no dirty lines), only
+    inside the block, nested or not; an unknown flush is a ValueError naming the choices."""
+    import triton
+
+    class Driver:
+        def clear_cache(self, cache):
+            cache.zero_()
+
+    config = triton.runtime.driver.__class__()
+    config.set_active(Driver())
+    monkeypatch.setattr(triton.runtime, "driver", config)
+    driver, buffer = config.active, torch.ones(8)
+    with bench.l2_flush("read"):
+        driver.clear_cache(buffer)
+        assert torch.equal(buffer, torch.ones(8))
+        with bench.l2_flush("read"), bench.l2_flush("zeros"):
+            driver.clear_cache(buffer)
+        driver.clear_cache(buffer)
+        assert torch.equal(buffer, torch.ones(8))
+    driver.clear_cache(buffer)
+    assert torch.equal(buffer, torch.zeros(8)) and "clear_cache" not in vars(driver)
+    with pytest.raises(ValueError, match="zeros.*read"):
+        with bench.l2_flush("dirty"):
+            pass
 
 
 def test_flex_pass_code_path(monkeypatch):

@@ -159,3 +159,24 @@ def test_the_backward_is_right_for_each_layout_of_do_on_gpu():
         torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, is_causal=True).backward(do.double())
         for got, want in zip((q.grad, k.grad, v.grad), (q64.grad, k64.grad, v64.grad), strict=True):
             assert rel_error(got, want) < 4 * TOL[torch.float16], (step, name)
+
+
+@HOPPER
+@pytest.mark.parametrize("window", [None, (200, 0)])
+def test_a_prepared_problem_keeps_none_of_its_first_calls_tensors_on_gpu(window):
+    """The bound launches kept per problem (the drop-in's forward and backward, a window's forward) hold descriptor
+    templates: layouts and strides, not the tensors they were made from. The first training step of a new problem
+    (which prepares it), its tensors then dropped, must give back all their memory."""
+    B, N, H, D = 1, 4096 + 64 * (window is not None), 4, 64  # a problem of its own (not prepared by another test)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    q, k, v = (t.detach().requires_grad_() for t in fused(B, N, H, D, torch.float16, seed=0))
+    if window is None:
+        out = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        out = flashattn.attention(q, k, v, variant="fast", causal=True, window=window)
+    out.backward(torch.randn_like(out))
+    del q, k, v, out
+    torch.cuda.synchronize()
+    one_input = B * N * H * D * 2
+    assert torch.cuda.memory_allocated() - before < one_input, "a prepared problem keeps a tensor of its first call"

@@ -402,9 +402,10 @@ def _bind_gluon(q, k, v, o, lse, do, causal: bool, scale: float):
         lse = lse.clone(memory_format=torch.contiguous_format)
     B, H, N, D = q.shape
     sums_shape, in_columns = ((B, N, H, D), True) if descriptors.heads_in_columns(q, k, v, do) else ((B, H, N, D), False)
+    device = q.device  # (run keeps no tensor of the first call: a prepared problem outlives it)
 
     def new_sums():  # dQ's float32 sums, laid out as the inputs (fast_backward_gluon.bind); bwd_preprocess zeroes them
-        t = torch.empty(sums_shape, dtype=torch.float32, device=q.device)
+        t = torch.empty(sums_shape, dtype=torch.float32, device=device)
         return t.transpose(1, 2) if in_columns else t
 
     delta_run = bind_delta(o, do, new_sums())

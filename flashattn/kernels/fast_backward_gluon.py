@@ -236,10 +236,10 @@ def bind(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | N
     if lse.data_ptr() % 16 or not lse.is_contiguous():
         raise ValueError("fast backward (Gluon): lse must be contiguous and 16-byte aligned (TMA)")
     # dQ's float32 sums, dK and dV: laid out as the inputs (so that a model's .transpose(1, 2) of each is free)
-    shape = (B, N, H, D) if in_columns else (B, H, N, D)
+    shape, device = ((B, N, H, D) if in_columns else (B, H, N, D)), q.device
 
     def new(dtype, zero=False):
-        t = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=q.device)
+        t = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
         return t.transpose(1, 2) if in_columns else t
 
     dq_acc, dk = new(torch.float32), new(k.dtype)
@@ -248,6 +248,7 @@ def bind(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | N
                  descriptors.gluon_heads(v, bn, in_columns), descriptors.gluon_heads(do, bm, in_columns),
                  descriptors.gluon_vector(lse, bm), descriptors.gluon_vector(delta, bm),
                  descriptors.gluon_heads(dq_acc, bm, in_columns))
+    templates = tuple(descriptors.rebase(t, None) for t in templates)  # kept without the first call's tensors
     kernel = launch_cache.bind(bwd_kernel_gluon, (N // BLOCK_N.value, B * H),
                                dict(D=D, CAUSAL=causal, STAGES=stages or STAGES[D], HEADS_IN_COLUMNS=in_columns),
                                num_warps=4, maxnreg=MAXNREG)

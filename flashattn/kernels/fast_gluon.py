@@ -461,7 +461,7 @@ def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts, le
              CONSUMERS=opts.consumers if ws else 2, HEADS_IN_COLUMNS=in_columns),
         num_warps=opts.num_warps, **({"maxnreg": WS_MAXNREG[opts.consumers]} if ws else {}))
     tail = (N, B * H, H, o.stride(0), o.stride(1), o.stride(2), scale * LOG2_E.value, max(left, 0))
-    tq, tk, tv = templates
+    tq, tk, tv = (descriptors.rebase(t, None) for t in templates)  # kept without the first call's tensors
     rebase = descriptors.rebase
 
     def run(q, k, v, o, lse):

@@ -47,6 +47,13 @@ WARMUP_MS, REP_MS = 5, 40  # per do_bench call: short, because the grid has ~80 
 FAST_OPTIONS = dict(gluon=False, use_tma=False, block_m=16, block_n=64, num_warps=4, num_stages=3)
 FLEX_CELLS = dict(batches=(1, 16), contexts=(4096, 32768, 131072), dtypes=("float16",))  # it compiles per shape
 FLEX_BUDGET_S = 60  # no FlexAttention on new cells after this many seconds spent on it (it compiles per shape)
+# do_bench's own L2 flush writes zeros that stay in the L2 as dirty lines; the timed call's misses write them back to
+# DRAM, ~10 µs of another's bytes in a decoding step of 10-50 µs (tools/gpu/decode/flush.py, 2026-12-04: B = 1 with
+# 32/8 heads at 32k keys, 75 % of the copy bandwidth after a read, 63-64 % after the zeros, for SDPA as for ours).
+# Every timing here empties the L2 by reading instead (bench.l2_flush); flush_effect times a few cells both ways.
+FLUSH = "read"
+FLUSH_CELLS = ((1, 8, 1024), (1, 8, 4096), (1, 8, 32768), (1, 8, 131072), (4, 32, 4096), (16, 8, 1024),
+               (16, 32, 32768))  # (B, Hkv, S), Hq = 32, fp16
 SPLIT_CURVE = dict(shapes=((1, 8, 4096), (1, 8, 16384), (1, 8, 32768), (1, 8, 131072), (4, 8, 32768), (1, 32, 32768)),
                    dtype="float16",
                    splits=(1, 2, 4, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128))  # 9: one past a wave of 8 splits
@@ -137,8 +144,8 @@ def time_interleaved(fns: dict, rounds: int, timer) -> dict[str, list[float]]:
     return times
 
 
-def gpu_timer(fn) -> float:
-    return bench.time_ms(fn, warmup=WARMUP_MS, rep=REP_MS)
+def gpu_timer(fn, flush: str = FLUSH) -> float:
+    return bench.time_ms(fn, warmup=WARMUP_MS, rep=REP_MS, flush=flush)
 
 
 def cuda_graph_replay(fn):
@@ -245,6 +252,33 @@ def split_curve(shapes, dtype: str, splits, *, device, copy_gbps: float, timer, 
     return rows
 
 
+def flush_effect(shapes, dtype: str, *, device, copy_gbps: float, timers: dict, rounds: int, D: int = 128,
+                 page_size: int = PAGE_SIZE, capture=None) -> list:
+    """What the L2 flush before each timed call does to the time: at ``shapes`` (B, Hkv, S) with Hq = 32, Lq = 1 and a
+    full contiguous cache, attention_with_kvcache and SDPA (replayed from CUDA graphs with ``capture``, as
+    :func:`measure_cell`; else called) timed by each of ``timers`` (a flush's name -> its timer) in the same
+    interleaved rounds. One row per shape: ``ms`` and ``share`` of the copy bandwidth, by flush, then by kernel."""
+    rows = []
+    for B, Hkv, S in shapes:
+        cell = dict(dtype=dtype, B=B, S=S, Hq=32, Hkv=Hkv, D=D, Lq=1,
+                    cache_bytes=cache_bytes(B, S, Hkv, D, _size(dtype)))
+        p = make_problem(cell, device, page_size=page_size)
+        fns = {name: fn for name, fn in kernels(p).items() if name in ("flashattn", "sdpa")}
+        for fn in fns.values():
+            fn()
+        if capture is not None:
+            fns = {name: capture(fn) for name, fn in fns.items()}
+        timed = time_interleaved({(flush, name): functools.partial(timer, fn) for flush, timer in timers.items()
+                                  for name, fn in fns.items()}, rounds, lambda call: call())
+        row = {**cell, "replayed": capture is not None, "ms": {}, "share": {}}
+        for (flush, name), times in timed.items():
+            ms = row["ms"].setdefault(flush, {})[name] = statistics.median(times)
+            row["share"].setdefault(flush, {})[name] = cell["cache_bytes"] / (ms * 1e-3) / 1e9 / copy_gbps
+        rows.append(row)
+        del p, fns
+    return rows
+
+
 def decode_table(grid: dict = GRID, *, device=None, timer=gpu_timer, rounds: int = ROUNDS,
                  max_bytes: float = MAX_CACHE_BYTES, copy_gbps: float | None = None, page_size: int = PAGE_SIZE,
                  progress=None, capture=None) -> dict:
@@ -336,11 +370,19 @@ def decode_vs_sdpa() -> dict:
                                         capture=cuda_graph_replay)
     result["flex_rows"] = flex_pass(result["rows"], copy_gbps=result["copy_bandwidth_gbps"],
                                     progress=lambda line: print("  " + line, flush=True), capture=cuda_graph_replay)
+    result["flush"] = FLUSH
+    result["flush_effect"] = flush_effect(FLUSH_CELLS, "float16", device=runtime.DEVICE,
+                                          copy_gbps=result["copy_bandwidth_gbps"], rounds=ROUNDS,
+                                          timers={flush: functools.partial(gpu_timer, flush=flush)
+                                                  for flush in bench.L2_FLUSHES}, capture=cuda_graph_replay)
     result["notes"] = (f"Lq = 1, cache_seqlens = S for every sequence (a full cache); per cell every kernel timed on "
                        f"the same inputs in {ROUNDS} interleaved rounds of do_bench (warmup {WARMUP_MS} ms, rep "
-                       f"{REP_MS} ms, L2 flushed before each call); GB/s = K and V bytes / median time; share = GB/s / "
-                       "the copy bandwidth measured at the start of this run; rel_error on the first sequence's "
-                       "first group of query heads against the float64 reference; FlexAttention timed last, after "
+                       f"{REP_MS} ms, the L2 emptied before each call by reading a 256 MB buffer: flush = 'read', "
+                       "bench.l2_flush; do_bench's own zero fill leaves dirty lines whose write-back falls in the "
+                       "timed call, flush_effect times a few cells after each, replayed); GB/s = K and V bytes / "
+                       "median time; share = GB/s / the copy bandwidth measured at the start of this run; "
+                       "rel_error on the first sequence's first group of query heads against the float64 "
+                       "reference; FlexAttention timed last, after "
                        "every other kernel and the split curve (see flex_pass: the short calls issued from Python "
                        "were slower after its compile), beside SDPA timed again (vs_sdpa['flex'] against that, "
                        "sdpa_beside_flex_ms); 'graph': the same kernels captured in CUDA graphs "
