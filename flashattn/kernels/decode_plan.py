@@ -6,6 +6,10 @@ the tiles per head dimension (``TILES``; ``ONE_SPLIT_TILES`` for long slices of 
 over short caches that would need a second wave), the number of splits when ``num_splits=0``
 (:func:`choose_num_splits`: one wave of programs), the deeper pipeline of a paged cache (:func:`paged_stages`) and the
 merge (``MERGE``: the last split program of each row block, or a second kernel when its tile is too large).
+The shares of the copy bandwidth quoted below were timed after do_bench's own L2 flush, which writes zeros whose
+write-back falls in the timed call (``bench.l2_flush``): a few µs more per call than ``decode_vs_sdpa`` now measures,
+about the same for every candidate compared on one cache, so their order stands while the shares of short calls
+read low.
 """
 
 from __future__ import annotations

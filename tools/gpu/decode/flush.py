@@ -9,9 +9,9 @@ its own bytes, for writing back up to an L2 of someone else's bytes: a fixed cos
 probe times attention_with_kvcache (the rule's splits) and SDPA at cells of decode_vs_sdpa, fp16, D = 128, Lq = 1,
 a full contiguous cache, each as a call and as a CUDA-graph replay, in interleaved rounds, with two flushes:
 
-* ``dirty``: do_bench as it is (zeros written: dirty lines left in the L2);
-* ``clean``: the same do_bench with its flush replaced by a read of the same buffer (its sum): the L2 is just as
-  cold, but its lines are clean, and evicting them costs nothing.
+* ``zeros``: do_bench as it is (zeros written: dirty lines left in the L2);
+* ``read``: the same do_bench with its flush replaced by a read of the same buffer (its sum, ``bench.l2_flush``):
+  the L2 is just as cold, but its lines are clean, and evicting them costs nothing.
 
 Printed per cell: ms and the share of the copy bandwidth of each kernel under each flush, and the ratio to SDPA.
 $OUT/decode_flush.json holds every number. Without a GPU: a dry run of the plumbing in the interpreter.
@@ -43,23 +43,10 @@ CELLS = [(1, 8, 1024), (1, 8, 4096), (1, 8, 16384), (1, 8, 32768), (1, 8, 131072
 NAMES = ("flashattn", "sdpa")
 
 
-def clean_flush(cache: torch.Tensor) -> None:
-    cache.sum()  # reads every line of the buffer: the L2 is as cold as after zero_(), but nothing in it is dirty
-
-
 def timed(fns: dict, flush: str) -> dict:
-    if DRY:
-        return probe.interleaved(fns)
-    import triton
-
-    driver = triton.runtime.driver.active
-    original = driver.clear_cache
-    if flush == "clean":
-        driver.clear_cache = clean_flush
-    try:
-        return probe.interleaved(fns)
-    finally:
-        driver.clear_cache = original
+    """Median ms of each function, do_bench emptying the L2 by ``flush`` (bench.l2_flush: "zeros" or "read")."""
+    probe.FLUSH = flush
+    return probe.interleaved(fns)
 
 
 def main() -> None:
@@ -79,7 +66,7 @@ def main() -> None:
         if not DRY:
             fns.update({(n, "graph"): cuda_graph_replay(f) for n, f in list(fns.items())})
         row = {**cell}
-        for flush in ("dirty", "clean"):
+        for flush in ("zeros", "read"):
             ms = timed(fns, flush)
             row[flush] = {" ".join(n) if isinstance(n, tuple) else n: t for n, t in ms.items()}
         rows.append(row)
@@ -88,7 +75,7 @@ def main() -> None:
         def share(t, cell=cell):
             return cell["cache_bytes"] / (t * 1e-3) / 1e9 / copy
 
-        for flush in ("dirty", "clean"):
+        for flush in ("zeros", "read"):
             for how in ("",) if DRY else ("", " graph"):
                 ours, sdpa = row[flush]["flashattn" + how], row[flush]["sdpa" + how]
                 parts.append(f"{flush}{how or ' call'}: {ours * 1e3:.1f}/{sdpa * 1e3:.1f} us "

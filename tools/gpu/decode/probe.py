@@ -58,14 +58,17 @@ def over_budget() -> bool:
     return time.perf_counter() - T0 > BUDGET_S
 
 
+FLUSH = "read"  # how do_bench empties the L2 before each call (bench.l2_flush), as decode_vs_sdpa times (since 12-04)
+
+
 def timer(fn) -> float:
     if DRY:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
-    from triton.testing import do_bench
+    from flashattn import bench
 
-    return do_bench(fn, warmup=5, rep=40, return_mode="median")
+    return bench.time_ms(fn, warmup=5, rep=40, flush=FLUSH)
 
 
 def interleaved(fns: dict, rounds: int = ROUNDS) -> dict:
