@@ -156,6 +156,32 @@ def takes_gluon_window(q4, k4, v4, spec: Spec, tiles, counts) -> bool:
     return heads_in_columns(q4, k4, v4) is not None
 
 
+def takes_gluon_key_mask(q4, k4, v4, spec: Spec, tiles, counts) -> bool:
+    """Whether the forward runs fast's Gluon kernel with a key-padding mask (``fast_gluon.py``'s KEY_MASK): a boolean
+    ``attn_mask`` that broadcasts over heads and queries (a (B, 1, 1, S) padding mask, zero strides in the (B, Hq, L,
+    S) view), on Hopper, 16-bit, D = 64 or 128, as many keys as queries, one K/V head per query head, inputs it reads
+    in place, no explicit tiles and no counts, while ``masked.GLUON_KEY_MASK_ON``. The backward runs the dense
+    mask's Triton kernels either way."""
+    mask = spec.mask
+    if (not masked.GLUON_KEY_MASK_ON or tiles is not None or counts is not None or mask is None
+            or mask.dtype != torch.bool or mask.stride(1) != 0 or mask.stride(2) != 0):
+        return False
+    (B, H, L, D), (Hkv, S) = q4.shape, k4.shape[1:3]
+    if not (gluon_available(q4.dtype, D) and L == S and H == Hkv and B * H * L < 2**31):
+        return False
+    from flashattn.kernels.descriptors import heads_in_columns
+
+    return heads_in_columns(q4, k4, v4) is not None
+
+
+def key_mask_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A key-padding mask's (B, S) rows as bytes (a view: 1 where the key takes part) and each row's last kept key
+    + 1 (int32 (B,); 0 for a row that keeps none), computed on the GPU: the kernel loads no key block past it."""
+    rows = mask[:, 0, 0, :].view(torch.uint8)
+    keys = torch.arange(1, rows.shape[1] + 1, dtype=torch.int32, device=rows.device)
+    return rows, torch.where(rows != 0, keys, 0).amax(-1)
+
+
 _GLUON_RUNS: dict = {}  # a window problem's bound Gluon launch (fast_gluon.bind), by launch_cache.problem_key
 _MAX_BOUND = 256  # bound problems kept (forward and backward, each); past that, start again
 
@@ -175,6 +201,24 @@ def _gluon_window_forward(q4, k4, v4, o4, lse3, left: int, scale: float) -> None
                 _GLUON_RUNS.clear()
             _GLUON_RUNS[key] = run
     run(q4, k4, v4, o4, lse3)
+
+
+def _gluon_key_mask_forward(q4, k4, v4, o4, lse3, spec: Spec, scale: float) -> None:
+    """The Gluon forward with a key-padding mask (:func:`takes_gluon_key_mask`), its launch bound once per problem
+    (as :func:`_gluon_window_forward`); the mask's rows and ends are the call's own."""
+    from flashattn.kernels import fast_gluon, launch_cache
+
+    opts = masked.gluon_key_mask_options(q4.dtype, q4.shape[-1], spec.causal)
+    kmask, kv_end = key_mask_rows(spec.mask)
+    key = launch_cache.problem_key((q4, k4, v4, o4, lse3, kmask, kv_end), ("key mask", spec.causal, scale, opts))
+    run = None if key is None else _GLUON_RUNS.get(key)
+    if run is None:
+        run = fast_gluon.bind(q4, k4, v4, o4, lse3, spec.causal, scale, True, opts, key_mask=(kmask, kv_end))
+        if key is not None:
+            if len(_GLUON_RUNS) >= _MAX_BOUND:
+                _GLUON_RUNS.clear()
+            _GLUON_RUNS[key] = run
+    run(q4, k4, v4, o4, lse3, kmask, kv_end)
 
 
 def _tables(spec: Spec, L: int, S: int, tiles) -> mask_blocks.BlockTables:
@@ -209,6 +253,7 @@ def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
     q4, k4, v4 = _as_4d(q, k, v, spec)
     (B, H, L, D), S = q4.shape, k4.shape[2]
     gluon = takes_gluon_window(q4, k4, v4, spec, tiles, counts)
+    key_mask = takes_gluon_key_mask(q4, k4, v4, spec, tiles, counts)
     tiles = (_check_tiles("tiles", tiles) if tiles is not None
              else masked.tiles_for(q.dtype, D, mask=_mask_dtype(spec))[0])
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -218,7 +263,9 @@ def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
     else:
         lse = torch.empty((B, H, L), dtype=torch.float32, device=q.device)
         o4, lse3 = o, lse
-    if spec.mask is not None:
+    if key_mask:
+        _gluon_key_mask_forward(q4, k4, v4, o4, lse3, spec, scale)
+    elif spec.mask is not None:
         found = None if counts is None else torch.zeros((H, B, -(-L // tiles[0]), 2), dtype=torch.int32,
                                                          device=q.device)
         masked.forward_blocks(q4, k4, v4, o4, lse3, spec.mask, _tables(spec, L, S, tiles), causal=spec.causal,

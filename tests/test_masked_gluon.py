@@ -9,7 +9,7 @@ from test_masked import torch_reference
 
 import flashattn
 from flashattn import masking, runtime
-from flashattn.kernels import fast_options
+from flashattn.kernels import fast_options, masked
 from flashattn.kernels import mask_blocks as mb
 
 HOPPER = pytest.mark.skipif(not fast_options.gluon_available(torch.float16, 64),
@@ -109,3 +109,119 @@ def test_a_bound_window_launch_serves_new_tensors_of_its_problem(monkeypatch):
     assert calls == [100]
     masking.masked_forward(q, k, v, causal=True, window=(101, 0))
     assert calls == [100, 101]
+
+
+# --- a key-padding mask on the Gluon kernel (fast_gluon.py's KEY_MASK; masked.GLUON_KEY_MASK_ON) -----------------
+
+def key_padding(lengths, N, device, holes=None):
+    """A (B, 1, 1, N) boolean key-padding mask: sequence b keeps its first lengths[b] keys; with ``holes`` (a
+    generator), also a random fifth of those dropped, a mask that is no prefix."""
+    keep = torch.arange(N)[None, :] < torch.tensor(lengths)[:, None]
+    if holes is not None:
+        keep &= torch.rand(keep.shape, generator=holes) > 0.2
+    return keep[:, None, None, :].to(device)
+
+
+def test_which_masks_take_the_gluon_key_mask_kernel(monkeypatch):
+    """Only a boolean mask that broadcasts over heads and queries ((B, 1, 1, S), as padding is given), causal or
+    not, with as many keys as queries, one K/V head per query head, no explicit tiles and no counts, while
+    masked.GLUON_KEY_MASK_ON; everything else takes the dense mask's Triton kernel."""
+    monkeypatch.setattr(masking, "gluon_available", lambda dtype, D: True)
+    monkeypatch.setattr(masked, "GLUON_KEY_MASK_ON", True)
+    q = torch.randn(2, 4, 64, 64, dtype=torch.float16)
+    pad = key_padding((64, 10), 64, "cpu")
+
+    def spec(mask, causal=False, L=64, S=64):
+        return masking.Spec(-1, -1, causal, mask=mask.expand(2, 4, L, S))
+
+    assert masking.takes_gluon_key_mask(q, q, q, spec(pad), None, None)
+    assert masking.takes_gluon_key_mask(q, q, q, spec(pad, causal=True), None, None)
+    assert masking.takes_gluon_key_mask(q, q, q, spec(pad[:1]), None, None)  # one row for every sequence
+    for why, args in (("a mask per query", (q, q, q, spec(torch.rand(2, 4, 64, 64) > 0.5), None, None)),
+                      ("a mask per head", (q, q, q, spec(torch.rand(2, 4, 1, 64) > 0.5), None, None)),
+                      ("a float mask", (q, q, q, spec(pad.float()), None, None)),
+                      ("explicit tiles", (q, q, q, spec(pad), (64, 64, 4, 3), None)),
+                      ("counts asked for", (q, q, q, spec(pad), None, {})),
+                      ("grouped K/V heads", (q, q[:, :2], q[:, :2], spec(pad), None, None)),
+                      ("fewer keys than queries", (q, q[:, :, :32], q[:, :, :32],
+                                                   spec(key_padding((32, 10), 32, "cpu"), S=32), None, None)),
+                      ("no mask (a window)", (q, q, q, masking.Spec(31, 0, True), None, None))):
+        assert not masking.takes_gluon_key_mask(*args), why
+    monkeypatch.setattr(masked, "GLUON_KEY_MASK_ON", False)
+    assert not masking.takes_gluon_key_mask(q, q, q, spec(pad), None, None)
+
+
+def test_key_mask_rows_are_bytes_and_ends():
+    """The kernel's view of a key-padding mask: each sequence's row as bytes (no copy) and its last kept key + 1
+    (0 when it keeps none), also for a mask with holes and for one row broadcast to every sequence."""
+    holes = torch.Generator().manual_seed(0)
+    for mask in (key_padding((5, 0, 17, 1), 17, "cpu"), key_padding((17, 9, 3, 12), 17, "cpu", holes),
+                 key_padding((6,), 17, "cpu").expand(4, 1, 1, 17)):
+        view = mask.expand(4, 3, 17, 17)
+        rows, ends = masking.key_mask_rows(view)
+        assert rows.dtype == torch.uint8 and rows.data_ptr() == mask.data_ptr()
+        assert torch.equal(rows.bool(), mask[:, 0, 0].expand(4, 17))
+        want = [max((j + 1 for j in range(17) if mask[min(b, mask.shape[0] - 1), 0, 0, j]), default=0)
+                for b in range(4)]
+        assert ends.dtype == torch.int32 and ends.tolist() == want
+
+
+def _spy_key_mask(monkeypatch) -> list:
+    """Whether each Gluon launch masking binds has a key mask (none bound before the test)."""
+    from flashattn.kernels import fast_gluon
+
+    calls, bind = [], fast_gluon.bind
+    monkeypatch.setattr(masking, "_GLUON_RUNS", {})
+    monkeypatch.setattr(fast_gluon, "bind", lambda *a, **kw: calls.append(kw.get("key_mask") is not None)
+                        or bind(*a, **kw))
+    return calls
+
+
+@HOPPER
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_gluon_key_padding_against_float64(dtype, D, monkeypatch):
+    """N = 1000 (not a multiple of the blocks), B = 4, H = 3: lengths 1, a block ± 1 and N; a mask with holes; a
+    sequence that keeps no key (output 0 and log-sum-exp +inf, as the Triton kernels store them); causal and not.
+    One bind per problem (a new mask of the same shapes is the same problem)."""
+    monkeypatch.setattr(masked, "GLUON_KEY_MASK_ON", True)
+    calls = _spy_key_mask(monkeypatch)
+    gen = torch.Generator().manual_seed(D)
+    N = 1000
+    cases = (((1, 127, 129, 1000), False, False), ((1000, 300, 64, 999), True, False),
+             ((0, 1000, 500, 2), False, False), ((700, 1000, 129, 1), False, True))
+    for lengths, holes, causal in cases:
+        q, k, v = (torch.randn(4, 3, N, D, generator=gen).to(runtime.DEVICE, dtype) for _ in range(3))
+        keep = key_padding(lengths, N, runtime.DEVICE, gen if holes else None)
+        full = keep.expand(4, 3, N, N)
+        if causal:
+            full = full & torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+        o, lse = masking.masked_forward(q, k, v, causal=causal, attn_mask=keep.expand(4, 3, N, N))
+        s = (q.double() @ k.double().transpose(-1, -2) * D ** -0.5).masked_fill(~full, float("-inf"))
+        want = torch.nan_to_num(torch.softmax(s, -1)) @ v.double()
+        assert rel_error(o, want.to(dtype)) < TOL[dtype], (lengths, holes, causal)
+        seen = full.any(-1)
+        assert rel_error(lse[seen], torch.logsumexp(s, -1)[seen].float()) < 1e-5, (lengths, holes, causal)
+        assert torch.all(lse[~seen] == float("inf")) and torch.all(o[~seen] == 0), (lengths, holes, causal)
+    assert calls == [True, True]  # the three non-causal cases are one problem, the causal one another
+
+
+@HOPPER
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_gluon_key_padding_gradients_through_the_drop_in(dtype, monkeypatch):
+    """The drop-in with a (B, 1, 1, S) boolean attn_mask, as a model pads its batch: forward on the Gluon kernel, the
+    backward on the dense mask's Triton kernels (from the Gluon forward's log-sum-exp), N = 4096, (B, N, H, D)
+    inputs seen through ``transpose`` (read in place), against float64."""
+    monkeypatch.setattr(masked, "GLUON_KEY_MASK_ON", True)
+    calls = _spy_key_mask(monkeypatch)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, do = (torch.randn(3, 4096, 4, 128, generator=gen).to(runtime.DEVICE, dtype).transpose(1, 2)
+                   for _ in range(4))
+    keep = key_padding((4096, 1500, 77), 4096, runtime.DEVICE)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = flashattn.scaled_dot_product_attention(*leaves, attn_mask=keep)
+    out.backward(do)
+    ref_out, ref_grads = torch_reference(q, k, v, do, keep)
+    assert calls == [True]
+    assert rel_error(out, ref_out.to(dtype)) < TOL[dtype]
+    assert max(grad_errors([t.grad for t in leaves], ref_grads)) < TOL[dtype]

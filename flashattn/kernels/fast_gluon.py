@@ -80,9 +80,11 @@ def _load_tile(desc, bars, ring, slot, row, col, pred):
 
 
 @gluon.jit
-def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale, left,
-             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, s_layout: gl.constexpr):
-    """Block j's online-softmax step: returns ``pij``, the new ``mi`` and ``li``, and ``alpha``."""
+def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale, left, kept,
+             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MASK: gl.constexpr,
+             s_layout: gl.constexpr):
+    """Block j's online-softmax step: returns ``pij``, the new ``mi`` and ``li``, and ``alpha``. ``kept`` (with
+    KEY_MASK): the block's keys that take part (:func:`_kept_keys`)."""
     BLOCK_M: gl.constexpr = sij.shape[0]
     # only the causal diagonal, the ragged tail (N not a multiple of BLOCK_N) and, with a WINDOW, the blocks that
     # cross its left edge (query i sees keys i - left .. i) need a mask
@@ -95,8 +97,10 @@ def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale, left,
         if WINDOW:
             keep = keep & (offs_n[None, :] + left >= offs_m[:, None])
         sij = gl.where(keep, sij, float("-inf"))
+    if KEY_MASK:
+        sij = gl.where(kept[None, :], sij, float("-inf"))
     mi_new = gl.maximum(mi, gl.max(sij, 1) * qk_scale)
-    if WINDOW:  # a row may not have reached its window yet (mi_new = -inf): keep it at 0, not -inf - -inf = NaN
+    if WINDOW or KEY_MASK:  # a row may have seen no key yet (mi_new = -inf): keep it at 0, not -inf - -inf = NaN
         m_safe = gl.where(mi_new == float("-inf"), 0.0, mi_new)
     else:
         m_safe = mi_new
@@ -104,6 +108,16 @@ def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale, left,
     alpha = gl.exp2(mi - m_safe)
     li = li * alpha + gl.sum(pij, 1)
     return pij, mi_new, li, alpha
+
+
+@gluon.jit
+def _kept_keys(kmask, start_n, N, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """A key-padding mask's entries for keys ``start_n ..`` (``kmask``: the batch's row of it and its key stride), as
+    booleans in the layout of a row of scores. Loaded before the block's scores are waited for, so that the load's
+    latency hides behind the product."""
+    row, stride = kmask
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    return gl.load(row + offs_n.to(gl.int64) * stride, mask=offs_n < N, other=0) != 0
 
 
 @gluon.jit
@@ -128,8 +142,8 @@ def _free(which: gl.constexpr, ring, refill, frees, slot, j, n_blocks):
 
 
 @gluon.jit
-def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m, N, qk_scale, n0, left,
-          CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr):
+def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m, N, qk_scale, n0, left, kmask,
+          CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MASK: gl.constexpr, OVERLAP: gl.constexpr):
     """Key block j >= 1 of the tile's (keys from ``n0``), the c-th block through the rings: steps 1-4 of the module
     docstring. Returns the block's ``pij`` (for the next step's p · v), and ``acc``, ``mi``, ``li``."""
     k_ring, v_ring, k_ready, v_ready = ring
@@ -141,6 +155,10 @@ def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m,
     s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # ignored: use_acc=False
     slot = c % STAGES
     prev = (c - 1) % STAGES
+    if KEY_MASK:  # a key-padding mask's entries for this block (masking.py), loaded before any wait
+        kept = _kept_keys(kmask, n0 + j * BLOCK_N, N, BLOCK_N, s_layout)
+    else:
+        kept = 0
     mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)  # kj landed (the phase flips each lap of the ring)
     sij = warpgroup_mma(qi, k_ring.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
     if not OVERLAP:  # for comparison: each product waited for at once, nothing runs beside the softmax
@@ -151,8 +169,8 @@ def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m,
         pv, pij = warpgroup_mma_wait(0, deps=[pv, pij])
     sij = warpgroup_mma_wait(1, deps=[sij])  # scores done; p · v may still run
     _free("k", ring, refill, frees, slot, j, n_blocks)
-    p_next, mi, li, alpha = _softmax(sij, mi, li, n0 + j * BLOCK_N, m0, offs_m, N, qk_scale, left, BLOCK_N, CAUSAL,
-                                     WINDOW, s_layout)
+    p_next, mi, li, alpha = _softmax(sij, mi, li, n0 + j * BLOCK_N, m0, offs_m, N, qk_scale, left, kept, BLOCK_N,
+                                     CAUSAL, WINDOW, KEY_MASK, s_layout)
     acc, pij = warpgroup_mma_wait(0, deps=[pv, pij])  # pij's registers stay live until p · v is done
     if refill is None:  # a consumer hands the V slot back to the producer at once
         _free("v", ring, refill, frees, prev, j - 1, n_blocks)
@@ -163,8 +181,8 @@ def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m,
 
 
 @gluon.jit
-def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale, n0, left,
-                 CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr):
+def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale, n0, left, kmask,
+                 CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MASK: gl.constexpr, OVERLAP: gl.constexpr):
     """One warpgroup's rows ``m0 .. m0 + BLOCK_M`` (Q in ``qi``, landed) against ``n_blocks`` key blocks from key
     ``n0`` on, block j in slot (c0 + j) % STAGES of the rings. Returns ``acc`` (not yet normalized), ``li`` and
     ``mi``."""
@@ -187,17 +205,22 @@ def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale, n0, lef
     s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # ignored: use_acc=False
 
     # block 0: scores and softmax, nothing to overlap with yet
+    if KEY_MASK:
+        kept = _kept_keys(kmask, n0, N, BLOCK_N, s_layout)
+    else:
+        kept = 0
     slot = c0 % STAGES
     mbarrier.wait(k_ready.index(slot), (c0 // STAGES) & 1)
     sij = warpgroup_mma(qi, k_ring.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
     sij = warpgroup_mma_wait(0, deps=[sij])
     _free("k", ring, refill, frees, slot, 0, n_blocks)
-    pij, mi, li, alpha = _softmax(sij, mi, li, n0, m0, offs_m, N, qk_scale, left, BLOCK_N, CAUSAL, WINDOW, s_layout)
+    pij, mi, li, alpha = _softmax(sij, mi, li, n0, m0, offs_m, N, qk_scale, left, kept, BLOCK_N, CAUSAL, WINDOW,
+                                  KEY_MASK, s_layout)
     pij = gl.convert_layout(pij.to(k_ring.dtype), p_layout)
 
     for j in range(1, n_blocks):
         pij, acc, mi, li = _step(j, c0 + j, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m, N,
-                                 qk_scale, n0, left, CAUSAL, WINDOW, OVERLAP)
+                                 qk_scale, n0, left, kmask, CAUSAL, WINDOW, KEY_MASK, OVERLAP)
 
     # the last block's p · v
     c = c0 + n_blocks - 1
@@ -210,11 +233,15 @@ def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale, n0, lef
 
 
 @gluon.jit
-def _store(acc, li, mi, O, LSE, o_head, stride_on, m0, bh, N, STORE_LSE: gl.constexpr):
+def _store(acc, li, mi, O, LSE, o_head, stride_on, m0, bh, N, STORE_LSE: gl.constexpr, EMPTY: gl.constexpr):
     """Normalize once and store rows ``m0 ..`` of the head that starts at ``O + o_head`` (through a row-major layout:
-    8 contiguous values per thread)."""
+    8 contiguous values per thread). EMPTY: a row may have kept no key (a key-padding mask); it stores 0 and the
+    log-sum-exp +inf, as the Triton masked kernels do (``masked._finish``), which the masked backward reads."""
     BLOCK_M: gl.constexpr = acc.shape[0]
     D: gl.constexpr = acc.shape[1]
+    if EMPTY:
+        seen = (li > 0) | (li != li)  # (a NaN sum, from a NaN input, stays NaN)
+        li = gl.where(seen, li, 1.0)
     out = (acc / gl.convert_layout(li, gl.SliceLayout(1, acc.type.layout))[:, None]).to(O.dtype.element_ty)
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // D, D // 8], [gl.num_warps(), 1], [1, 0])
     out = gl.convert_layout(out, out_layout)
@@ -224,23 +251,40 @@ def _store(acc, li, mi, O, LSE, o_head, stride_on, m0, bh, N, STORE_LSE: gl.cons
     gl.store(o_ptrs, out, mask=offs_mo[:, None] < N)
     if STORE_LSE:  # natural log: mi and log2(li) are in base 2
         offs_m = m0 + gl.arange(0, BLOCK_M, layout=mi.type.layout)
-        gl.store(LSE + bh.to(gl.int64) * N + offs_m, (mi + gl.log2(li)) * LN_2, mask=offs_m < N)
+        lse = (mi + gl.log2(li)) * LN_2
+        if EMPTY:
+            lse = gl.where(seen, lse, float("inf"))
+        gl.store(LSE + bh.to(gl.int64) * N + offs_m, lse, mask=offs_m < N)
 
 
 @gluon.jit
-def _key_blocks(m0, N, left, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                WINDOW: gl.constexpr):
+def _key_blocks(m0, N, left, kv_end, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                WINDOW: gl.constexpr, KEY_MASK: gl.constexpr):
     """The key blocks rows ``m0 .. m0 + ROWS`` see, as (the first one's first key, how many): causal, up to the
-    diagonal; with a WINDOW, from the block of the first row's first key (``m0 - left``)."""
+    diagonal; with a WINDOW, from the block of the first row's first key (``m0 - left``); with a KEY_MASK, none past
+    the batch's last kept key (``kv_end``), but at least one (the loop's first block is not conditional)."""
     if CAUSAL:
         end = gl.cdiv(gl.minimum(m0 + ROWS, N), BLOCK_N)
     else:
         end = gl.cdiv(N, BLOCK_N)
+    if KEY_MASK:
+        end = gl.maximum(gl.minimum(end, gl.cdiv(kv_end, BLOCK_N)), 1)
     if WINDOW:
         first = gl.maximum(m0 - left, 0) // BLOCK_N
     else:
         first = end * 0
     return first * BLOCK_N, end - first
+
+
+@gluon.jit
+def _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, bh, H, N, KEY_MASK: gl.constexpr):
+    """Head ``bh``'s batch's key-padding mask: (its row of the mask and the mask's key stride, for
+    :func:`_kept_keys`) and the end of its last kept key (``masking.py`` computes them); without KEY_MASK, (unused, N)."""
+    if KEY_MASK:
+        b = bh // H
+        return (KMASK + b.to(gl.int64) * stride_kmb, stride_kmn), gl.load(KV_END + b)
+    else:
+        return (KMASK, stride_kmn), N
 
 
 @gluon.jit
@@ -251,8 +295,9 @@ def _o_head(bh, H, stride_ob, stride_oh):
 
 @gluon.jit
 def _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_scale,
-                   left, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
+                   left, KMASK, KV_END, stride_kmb, stride_kmn, D: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                   KEY_MASK: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
                    HEADS_IN_COLUMNS: gl.constexpr):
     """The loop in one warpgroup per program (num_warps = 4), or 2 with 8 warps: each issues its own loads."""
     dtype: gl.constexpr = Q.dtype
@@ -274,7 +319,8 @@ def _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_sc
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
 
-    n0, n_blocks = _key_blocks(m0, N, left, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+    kmask, kv_end = _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, pid_bh, H, N, KEY_MASK)
+    n0, n_blocks = _key_blocks(m0, N, left, kv_end, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, KEY_MASK)
 
     mbarrier.expect(q_bar, Q.block_type.nbytes)
     tma_load(Q, [row0 + m0, col], q_bar, qi)
@@ -284,14 +330,15 @@ def _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_sc
 
     mbarrier.wait(q_bar, 0)
     acc, li, mi = _attend_tile(qi, (k_ring, v_ring, k_ready, v_ready), (K, V, row0 + n0, col), None, 0, n_blocks, m0,
-                               N, qk_scale, n0, left, CAUSAL, WINDOW, OVERLAP)
+                               N, qk_scale, n0, left, kmask, CAUSAL, WINDOW, KEY_MASK, OVERLAP)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_ready.index(i))
         mbarrier.invalidate(v_ready.index(i))
 
-    _store(acc, li, mi, O, LSE, _o_head(pid_bh, H, stride_ob, stride_oh), stride_on, m0, pid_bh, N, STORE_LSE)
+    _store(acc, li, mi, O, LSE, _o_head(pid_bh, H, stride_ob, stride_oh), stride_on, m0, pid_bh, N, STORE_LSE,
+           KEY_MASK)
 
 
 @gluon.jit
@@ -305,12 +352,13 @@ def _tile(t, n_m, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _producer(io, smem, bars, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
+def _producer(io, smem, bars, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MASK: gl.constexpr,
+              HEADS_IN_COLUMNS: gl.constexpr):
     """One warp: every TMA copy. It refills a slot as soon as every consumer has released it.
 
     ``io``: the descriptors Q, K, V, the outputs O and LSE, N, B·H, H, O's strides and the scale; ``smem``: the
     consumers' Q tiles and the K/V rings; ``bars``: their ready/empty barriers (see ``attn_kernel_gluon``)."""
-    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left = io
+    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left, KMASK, KV_END, stride_kmb, stride_kmn = io
     q_tiles, k_ring, v_ring = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     CONSUMERS: gl.constexpr = q_tiles.shape[0]
@@ -329,7 +377,8 @@ def _producer(io, smem, bars, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEADS_
             mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)  # (a fresh barrier passes a wait on parity 1)
             mbarrier.expect(q_ready.index(c), Q.block_type.nbytes)
             tma_load(Q, [row0 + m0 + c * BLOCK_M, col], q_ready.index(c), q_tiles.index(c))
-        n0, n_blocks = _key_blocks(m0, N, left, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        _, kv_end = _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, bh, H, N, KEY_MASK)
+        n0, n_blocks = _key_blocks(m0, N, left, kv_end, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL, WINDOW, KEY_MASK)
         for j in range(n_blocks):
             slot = cnt % STAGES
             lap = (cnt // STAGES) & 1
@@ -344,11 +393,11 @@ def _producer(io, smem, bars, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEADS_
 
 
 @gluon.jit
-def _consumer(io, smem, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, STORE_LSE: gl.constexpr,
-              OVERLAP: gl.constexpr):
+def _consumer(io, smem, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MASK: gl.constexpr,
+              STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr):
     """Warpgroup ``WG``: rows ``WG·BLOCK_M ..`` of each tile, the loop of ``_attend_tile`` on the producer's
     rings (``io``, ``smem``, ``bars`` as for ``_producer``)."""
-    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left = io
+    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left, KMASK, KV_END, stride_kmb, stride_kmn = io
     q_tiles, k_ring, v_ring = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     CONSUMERS: gl.constexpr = q_tiles.shape[0]
@@ -362,31 +411,38 @@ def _consumer(io, smem, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl
         tm, bh = _tile(t, n_m, CAUSAL)
         m0 = (tm * CONSUMERS + WG) * BLOCK_M
         # the producer's blocks (every consumer reads each of them)
-        n0, n_blocks = _key_blocks(tm * CONSUMERS * BLOCK_M, N, left, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        kmask, kv_end = _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, bh, H, N, KEY_MASK)
+        n0, n_blocks = _key_blocks(tm * CONSUMERS * BLOCK_M, N, left, kv_end, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL,
+                                   WINDOW, KEY_MASK)
         mbarrier.wait(q_ready.index(WG), it & 1)
         acc, li, mi = _attend_tile(qi, (k_ring, v_ring, k_ready, v_ready), None,
                                    (k_empty, v_empty, q_empty.index(WG)), cnt, n_blocks, m0, N, qk_scale, n0, left,
-                                   CAUSAL, WINDOW, OVERLAP)
-        _store(acc, li, mi, O, LSE, _o_head(bh, H, stride_ob, stride_oh), stride_on, m0, bh, N, STORE_LSE)
+                                   kmask, CAUSAL, WINDOW, KEY_MASK, OVERLAP)
+        _store(acc, li, mi, O, LSE, _o_head(bh, H, stride_ob, stride_oh), stride_on, m0, bh, N, STORE_LSE, KEY_MASK)
         cnt += n_blocks
         it += 1
 
 
 @gluon.jit
 def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left,
+                      KMASK, KV_END, stride_kmb, stride_kmn,
                       D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, WINDOW: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr,
-                      WARP_SPECIALIZE: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr,
-                      HEADS_IN_COLUMNS: gl.constexpr):
+                      CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MASK: gl.constexpr, STORE_LSE: gl.constexpr,
+                      OVERLAP: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, PERSISTENT: gl.constexpr,
+                      CONSUMERS: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
     """Without WARP_SPECIALIZE: a (Q block, batch·head) grid, one warpgroup per program (``_one_warpgroup``).
     With it: a producer warp and CONSUMERS (2 or 3) consumer warpgroups per program, over a 1-D grid of tiles
     of CONSUMERS·BLOCK_M rows; PERSISTENT only changes that grid (one program per SM instead of one per tile:
     see :func:`grid`). HEADS_IN_COLUMNS: how the descriptors lay out the heads (:func:`_head`); O is written through
     its strides (the last one 1). WINDOW (with CAUSAL): query i sees keys i - left .. i only, and the key blocks
-    before its window are not loaded (masked attention's sliding window, ``masking.py``)."""
+    before its window are not loaded (masked attention's sliding window, ``masking.py``). KEY_MASK: batch b's keys
+    take part where the key-padding mask ``KMASK`` (bytes; batch b's row at ``b·stride_kmb``, key n at
+    ``n·stride_kmn``) is nonzero, and the blocks past ``KV_END[b]`` (its last kept key + 1) are not loaded; a row
+    that keeps no key stores 0 and the log-sum-exp +inf (``masking.py``'s padding masks)."""
     if not WARP_SPECIALIZE:
-        _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_scale, left, D, BLOCK_M, BLOCK_N,
-                       STAGES, CAUSAL, WINDOW, STORE_LSE, OVERLAP, HEADS_IN_COLUMNS)
+        _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_scale, left, KMASK, KV_END,
+                       stride_kmb, stride_kmn, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, KEY_MASK, STORE_LSE,
+                       OVERLAP, HEADS_IN_COLUMNS)
     else:
         dtype: gl.constexpr = Q.dtype
         q_tiles = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, D], Q.layout)
@@ -408,7 +464,8 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on
             mbarrier.init(v_empty.index(i), count=CONSUMERS)
         # The partitions' arguments, grouped (runtime values only: a tuple assigned to a name would turn
         # constexprs into tensors, so those are passed one by one below).
-        io = (Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left)
+        io = (Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left, KMASK, KV_END, stride_kmb,
+              stride_kmn)
         smem = (q_tiles, k_ring, v_ring)
         bars = (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
         # The partitions: consumer 0 (the default partition: this program's own 4 warps), the other consumers
@@ -417,8 +474,8 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on
         # the SM's 65536 at launch), 160 each for three (4 warpgroups x 128 x 128); the producer keeps 24.
         CONSUMER_REGS: gl.constexpr = 240 if CONSUMERS == 2 else 160
         gl.warp_specialize(
-            [(_consumer, (io, smem, bars, role, CAUSAL, WINDOW, STORE_LSE, OVERLAP)) if role < CONSUMERS
-             else (_producer, (io, smem, bars, CAUSAL, WINDOW, HEADS_IN_COLUMNS))
+            [(_consumer, (io, smem, bars, role, CAUSAL, WINDOW, KEY_MASK, STORE_LSE, OVERLAP)) if role < CONSUMERS
+             else (_producer, (io, smem, bars, CAUSAL, WINDOW, KEY_MASK, HEADS_IN_COLUMNS))
              for role in (0, 1, 2, 3)[:CONSUMERS + 1]],  # roles 0 .. CONSUMERS - 1 consume, the last produces
             [4] * (CONSUMERS - 1) + [1],  # warps of each partition after the default one
             [CONSUMER_REGS] * (CONSUMERS - 1) + [24])
@@ -435,15 +492,23 @@ def grid(N: int, BH: int, opts) -> tuple:
     return (min(tiles, device.sm_count()),)
 
 
-def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts, left: int = -1):
+def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts, left: int = -1, key_mask=None):
     """:func:`launch`'s work done once for a problem: a function ``run(q, k, v, o, lse)`` for tensors with these
     shapes, strides, dtypes, devices and alignment (``fast.py`` keys its prepared problems so), which makes the
     descriptors from templates and calls the compiled kernel directly (``launch_cache.bind``). ``left`` >= 0 (with
-    ``causal``): a sliding window, query i seeing keys i - left .. i."""
+    ``causal``): a sliding window, query i seeing keys i - left .. i. ``key_mask``: a key-padding mask, as
+    ``(kmask, kv_end)``: a (B, S) uint8 view (nonzero: the key takes part) and each batch's last kept key + 1, int32
+    (B,); then ``run(q, k, v, o, lse, kmask, kv_end)`` takes the call's own, with the strides of these."""
     B, H, N, D = q.shape
     window = left >= 0
     if window and not causal:
         raise ValueError("fast_gluon: a window (left >= 0) is causal here (query i sees keys i - left .. i)")
+    if key_mask is not None:
+        kmask, kv_end = key_mask
+        if window or kmask.shape != (B, N) or kmask.dtype != torch.uint8 or kv_end.shape != (B,) \
+                or kv_end.dtype != torch.int32:
+            raise ValueError("fast_gluon: a key mask is a (B, S) uint8 view and (B,) int32 ends, without a window")
+        mask_strides = tuple(kmask.stride())
     if B * H * N >= 2**31:
         raise ValueError(f"fast: the Gluon kernel addresses rows with 32-bit coordinates; B·H·N = {B * H * N} is too large")
     in_columns = descriptors.heads_in_columns(q, k, v)
@@ -457,15 +522,18 @@ def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts, le
     kernel = launch_cache.bind(
         attn_kernel_gluon, grid(N, B * H, opts),
         dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=causal, WINDOW=window,
-             STORE_LSE=return_lse, OVERLAP=opts.overlap, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
+             KEY_MASK=key_mask is not None, STORE_LSE=return_lse, OVERLAP=opts.overlap, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
              CONSUMERS=opts.consumers if ws else 2, HEADS_IN_COLUMNS=in_columns),
         num_warps=opts.num_warps, **({"maxnreg": WS_MAXNREG[opts.consumers]} if ws else {}))
     tail = (N, B * H, H, o.stride(0), o.stride(1), o.stride(2), scale * LOG2_E.value, max(left, 0))
     tq, tk, tv = (descriptors.rebase(t, None) for t in templates)  # kept without the first call's tensors
     rebase = descriptors.rebase
-
-    def run(q, k, v, o, lse):
-        kernel(rebase(tq, q), rebase(tk, k), rebase(tv, v), o, lse, *tail)
+    if key_mask is None:
+        def run(q, k, v, o, lse):
+            kernel(rebase(tq, q), rebase(tk, k), rebase(tv, v), o, lse, *tail, lse, lse, 0, 0)  # (no mask: unused)
+    else:
+        def run(q, k, v, o, lse, kmask, kv_end):
+            kernel(rebase(tq, q), rebase(tk, k), rebase(tv, v), o, lse, *tail, kmask, kv_end, *mask_strides)
 
     return run
 

@@ -63,6 +63,12 @@ MASK_FORWARD_TILES = {
 # a producer and 2 consumers, (64, 128), 1.34 (persistent 1.33, the Triton window kernel 1.10).
 GLUON_WINDOW = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="single"),
                 128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
+# A boolean key-padding mask ((B, 1, 1, S) broadcast: masking.takes_gluon_key_mask) on fast's Gluon kernel, not causal:
+# FlashAttention-3's layout, a producer and 2 consumers. Not yet run on a GPU (2026-12-04): GLUON_KEY_MASK_ON keeps
+# it off until the GPU tests and tools/gpu/masks/key_mask.py have run it.
+GLUON_KEY_MASK = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2),
+                  128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
+GLUON_KEY_MASK_ON = False
 FLOAT32_TILES = [(64, 32, 4, 2), (32, 32, 4, 2)]  # IEEE float32 on the CUDA cores: for checking, not speed
 INTERPRETER_TILES = (32, 32, 4, 1)  # small blocks: a test's few dozen keys still make several of them
 
@@ -93,6 +99,14 @@ def gluon_window_options(dtype: torch.dtype, D: int, options: dict | None = None
     from .fast_options import resolve
 
     return resolve(dtype, D, True, {"gluon": True, **(options or GLUON_WINDOW[D])})
+
+
+def gluon_key_mask_options(dtype: torch.dtype, D: int, causal: bool, options: dict | None = None):
+    """The ``fast_options.FastOptions`` a key-padding mask runs the Gluon kernel with (:data:`GLUON_KEY_MASK`, or
+    ``options`` in its place)."""
+    from .fast_options import resolve
+
+    return resolve(dtype, D, causal, {"gluon": True, **(options or GLUON_KEY_MASK[D])})
 
 
 def gluon_window_block(dtype: torch.dtype, D: int, options: dict | None = None) -> tuple[int, int]:
