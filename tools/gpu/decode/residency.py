@@ -22,7 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import waves  # noqa: E402  (this folder's sweep of tiles × splits)
 
-TILES = [(64, 4, 3), (64, 4, 2), (32, 4, 3), (32, 4, 2), (32, 4, 4), (128, 4, 2), (64, 8, 2), (128, 4, 3)]
+# the last three (added 2026-12-04, not run yet): deeper pipelines and more warps, more loads in flight per program on
+# the 128-program grids where decode_vs_sdpa (after the read flush) still has SDPA 2-5 % ahead
+TILES = [(64, 4, 3), (64, 4, 2), (32, 4, 3), (32, 4, 2), (32, 4, 4), (128, 4, 2), (64, 8, 2), (128, 4, 3),
+         (128, 4, 4), (128, 8, 3), (64, 4, 5)]
 # (B, Hkv, S, split choices)
 CELLS = [(16, 32, 1024, (1,)), (64, 8, 1024, (1,)), (4, 32, 1024, (1,)), (16, 8, 1024, (1,)), (4, 32, 4096, (1,)),
          (16, 8, 4096, (1,)), (64, 8, 4096, (1,))]
