@@ -97,7 +97,7 @@ def model_events(ops, refill: bool) -> list:
 
 @pytest.mark.parametrize("overlap, refill", list(itertools.product((True, False), (False, True))))
 def test_step_follows_the_kernels_step(overlap, refill):
-    env = {"OVERLAP": overlap, "refill": object() if refill else None}
+    env = {"OVERLAP": overlap, "refill": object() if refill else None, "KEY_MASK": False}  # (the model has no mask)
     ops = schedule.step_ops(1, 1, n_blocks=8, stages=2, overlap=overlap, refill=refill)
     assert model_events(ops, refill) == source_events(fast_gluon._step, env)
 
@@ -109,7 +109,7 @@ def test_tile_follows_the_kernels_attend_tile(refill):
     steps = sum(len(schedule.step_ops(j, j, n_blocks, stages, refill=refill)) for j in range(1, n_blocks))
     first = ops.index(Softmax(0, 0)) + 1  # block 0 ends with its softmax
     model = model_events(ops[:first], refill) + [("step", "")] + model_events(ops[first + steps:], refill)
-    assert model == source_events(fast_gluon._attend_tile, {"refill": object() if refill else None})
+    assert model == source_events(fast_gluon._attend_tile, {"refill": object() if refill else None, "KEY_MASK": False})
 
 
 def test_producer_consumer_and_single_follow_the_kernel():
