@@ -4,6 +4,9 @@
 #
 #   tools/gpu/background.sh start 540 suite masks-record    # install .whl, start the steps in order, wait 540 s
 #   tools/gpu/background.sh wait 560                         # the next call, at once: wait for the job again
+#                                                            # (a machine can be handed back between two calls even
+#                                                            # so; `wait` then says the job is lost, at once: keep a
+#                                                            # step that matters, the suite, within one call)
 #   tools/gpu/background.sh part .tri39/part_aa              # another Triton's wheel, one part per call (carry it),
 #   tools/gpu/background.sh join triton-3.9.0-....whl         # then joined and installed into /tmp/tri39; a step
 #                                                            # named tri39:STEP runs STEP under it (it waits for it)
@@ -65,7 +68,11 @@ case ${1:-} in
         rm -rf $R && mkdir -p $R
         export -f job; export R TRI
         setsid nohup bash -c 'job "$@"' job "$@" > $R/job.out 2>&1 < /dev/null & ;;
-    wait) wait_s=$2 ;;
+    wait) wait_s=$2
+          if [ ! -d $R ]; then  # a fresh machine (the last one was handed back between calls): nothing to wait for
+              echo "no job on this machine: it is a fresh one, and the job started before is lost; start it again"
+              exit 3
+          fi ;;
     *) echo "usage: $0 start SECONDS STEP... | wait SECONDS | part FILE | join WHEEL-NAME"; exit 2 ;;
 esac
 end=$(( $(date +%s) + wait_s ))
