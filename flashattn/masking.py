@@ -12,8 +12,8 @@
 
 The kernels are ``kernels/masked.py`` (forward) and ``kernels/masked_backward.py``; the mask's block structure
 (which tiles are skipped, partial, full) is ``kernels/mask_blocks.py``. On Hopper a causal sliding window's
-forward runs ``fast``'s Gluon kernel with its WINDOW instead (``kernels/fast_gluon.py``; :func:`takes_gluon_window`
-says when).
+forward runs ``fast``'s Gluon kernel with its WINDOW instead (``kernels/fast_gluon.py``;
+``masking_gluon.takes_gluon_window`` says when).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from flashattn import runtime
-from flashattn.kernels import mask_blocks, masked
+from flashattn import masking_gluon, runtime
+from flashattn.kernels import launch_cache, mask_blocks, masked
 from flashattn.kernels import masked_backward as masked_bwd
 from flashattn.kernels.fast_backward import delta_rows
-from flashattn.kernels.fast_options import check_tiles, gluon_available
+from flashattn.kernels.fast_options import check_tiles
 from flashattn.validate import check_attention_inputs
 
 HEAD_DIMS = range(1, 257)
@@ -140,87 +140,6 @@ def default_tiles(dtype: torch.dtype, D: int, mask: torch.dtype | None = None, m
             *(masked_bwd.tiles_for(kernel, dtype, D, mode, mask=mask)[0] for kernel in ("dkdv", "dq")))
 
 
-def takes_gluon_window(q4, k4, v4, spec: Spec, tiles, counts) -> bool:
-    """Whether the forward runs fast's Gluon kernel with a window (``fast_gluon.py``): a causal sliding window (query
-    i sees keys i - left .. i) on Hopper, 16-bit, D = 64 or 128, as many keys as queries, one K/V head per query
-    head, inputs it reads in place. Explicit ``tiles`` and ``counts`` take the Triton kernel (it counts its
-    blocks); so does everything else."""
-    if (tiles is not None or counts is not None or spec.packed or spec.mask is not None or spec.left < 0
-            or spec.right != 0):
-        return False
-    (B, H, L, D), (Hkv, S) = q4.shape, k4.shape[1:3]
-    if not (gluon_available(q4.dtype, D) and L == S and H == Hkv and B * H * L < 2**31):
-        return False
-    from flashattn.kernels.descriptors import heads_in_columns
-
-    return heads_in_columns(q4, k4, v4) is not None
-
-
-def takes_gluon_key_mask(q4, k4, v4, spec: Spec, tiles, counts) -> bool:
-    """Whether the forward runs fast's Gluon kernel with a key-padding mask (``fast_gluon.py``'s KEY_MASK): a boolean
-    ``attn_mask`` that broadcasts over heads and queries (a (B, 1, 1, S) padding mask, zero strides in the (B, Hq, L,
-    S) view), on Hopper, 16-bit, D = 64 or 128, as many keys as queries, one K/V head per query head, inputs it reads
-    in place, no explicit tiles and no counts, while ``masked.GLUON_KEY_MASK_ON``. The backward runs the dense
-    mask's Triton kernels either way."""
-    mask = spec.mask
-    if (not masked.GLUON_KEY_MASK_ON or tiles is not None or counts is not None or mask is None
-            or mask.dtype != torch.bool or mask.stride(1) != 0 or mask.stride(2) != 0):
-        return False
-    (B, H, L, D), (Hkv, S) = q4.shape, k4.shape[1:3]
-    if not (gluon_available(q4.dtype, D) and L == S and H == Hkv and B * H * L < 2**31):
-        return False
-    from flashattn.kernels.descriptors import heads_in_columns
-
-    return heads_in_columns(q4, k4, v4) is not None
-
-
-def key_mask_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A key-padding mask's (B, S) rows as bytes (a view: 1 where the key takes part) and each row's last kept key
-    + 1 (int32 (B,); 0 for a row that keeps none), computed on the GPU: the kernel loads no key block past it."""
-    rows = mask[:, 0, 0, :].view(torch.uint8)
-    keys = torch.arange(1, rows.shape[1] + 1, dtype=torch.int32, device=rows.device)
-    return rows, torch.where(rows != 0, keys, 0).amax(-1)
-
-
-_GLUON_RUNS: dict = {}  # a window problem's bound Gluon launch (fast_gluon.bind), by launch_cache.problem_key
-_MAX_BOUND = 256  # bound problems kept (forward and backward, each); past that, start again
-
-
-def _gluon_window_forward(q4, k4, v4, o4, lse3, left: int, scale: float) -> None:
-    """The Gluon window forward, its launch bound once per problem (shapes, strides, dtypes, alignment, window,
-    scale) as ``fast`` binds its own: a short window's kernel runs for about as long as a launch takes to prepare."""
-    from flashattn.kernels import fast_gluon, launch_cache
-
-    opts = masked.gluon_window_options(q4.dtype, q4.shape[-1])
-    key = launch_cache.problem_key((q4, k4, v4, o4, lse3), (left, scale, opts))
-    run = None if key is None else _GLUON_RUNS.get(key)
-    if run is None:
-        run = fast_gluon.bind(q4, k4, v4, o4, lse3, True, scale, True, opts, left=left)
-        if key is not None:
-            if len(_GLUON_RUNS) >= _MAX_BOUND:
-                _GLUON_RUNS.clear()
-            _GLUON_RUNS[key] = run
-    run(q4, k4, v4, o4, lse3)
-
-
-def _gluon_key_mask_forward(q4, k4, v4, o4, lse3, spec: Spec, scale: float) -> None:
-    """The Gluon forward with a key-padding mask (:func:`takes_gluon_key_mask`), its launch bound once per problem
-    (as :func:`_gluon_window_forward`); the mask's rows and ends are the call's own."""
-    from flashattn.kernels import fast_gluon, launch_cache
-
-    opts = masked.gluon_key_mask_options(q4.dtype, q4.shape[-1], spec.causal)
-    kmask, kv_end = key_mask_rows(spec.mask)
-    key = launch_cache.problem_key((q4, k4, v4, o4, lse3, kmask, kv_end), ("key mask", spec.causal, scale, opts))
-    run = None if key is None else _GLUON_RUNS.get(key)
-    if run is None:
-        run = fast_gluon.bind(q4, k4, v4, o4, lse3, spec.causal, scale, True, opts, key_mask=(kmask, kv_end))
-        if key is not None:
-            if len(_GLUON_RUNS) >= _MAX_BOUND:
-                _GLUON_RUNS.clear()
-            _GLUON_RUNS[key] = run
-    run(q4, k4, v4, o4, lse3, kmask, kv_end)
-
-
 def _tables(spec: Spec, L: int, S: int, tiles) -> mask_blocks.BlockTables:
     kinds = mask_blocks.classify(_unique(spec.mask), tiles[0], tiles[1], shape=(L, S), causal=spec.causal)
     return mask_blocks.block_tables(kinds, tiles[0], tiles[1])
@@ -252,8 +171,8 @@ def make_spec(q, k, v, *, causal=False, window=(-1, -1), attn_mask=None, cu_seql
 def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
     q4, k4, v4 = _as_4d(q, k, v, spec)
     (B, H, L, D), S = q4.shape, k4.shape[2]
-    gluon = takes_gluon_window(q4, k4, v4, spec, tiles, counts)
-    key_mask = takes_gluon_key_mask(q4, k4, v4, spec, tiles, counts)
+    gluon = masking_gluon.takes_gluon_window(q4, k4, v4, spec, tiles, counts)
+    key_mask = masking_gluon.takes_gluon_key_mask(q4, k4, v4, spec, tiles, counts)
     tiles = (_check_tiles("tiles", tiles) if tiles is not None
              else masked.tiles_for(q.dtype, D, mask=_mask_dtype(spec))[0])
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -264,14 +183,14 @@ def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
         lse = torch.empty((B, H, L), dtype=torch.float32, device=q.device)
         o4, lse3 = o, lse
     if key_mask:
-        _gluon_key_mask_forward(q4, k4, v4, o4, lse3, spec, scale)
+        masking_gluon.key_mask_forward(q4, k4, v4, o4, lse3, spec, scale)
     elif spec.mask is not None:
         found = None if counts is None else torch.zeros((H, B, -(-L // tiles[0]), 2), dtype=torch.int32,
                                                          device=q.device)
         masked.forward_blocks(q4, k4, v4, o4, lse3, spec.mask, _tables(spec, L, S, tiles), causal=spec.causal,
                               scale=scale, tiles=tiles, counts=found)
     elif gluon:
-        _gluon_window_forward(q4, k4, v4, o4, lse3, min(spec.left, L), scale)  # wider than the sequence: causal
+        masking_gluon.window_forward(q4, k4, v4, o4, lse3, min(spec.left, L), scale)  # wider than the sequence: causal
     else:
         docs = spec.cu_q.numel() - 1 if spec.packed else B
         found = None if counts is None else torch.zeros((H, docs, -(-(spec.max_q or L) // tiles[0]), 2),
@@ -363,19 +282,13 @@ def _window_backward(q, k, v, o, lse, do, spec: Spec, scale: float, options: dic
     """A sliding window's backward (no documents, no dense mask) bound once per problem (the tensors' shapes,
     strides, dtypes and alignment, the window, the scale, the options), as the forward's Gluon launch is: run(q, k,
     v, o, lse, do) -> (dq, dk, dv); None where :func:`_backward` runs it."""
-    from flashattn.kernels import launch_cache
-
     if spec.mask is not None or spec.packed or masked_bwd.CONCURRENT_DQ or launch_cache._captured is not None:
         return None
     key = launch_cache.problem_key((q, k, v, o, lse, do), (spec.left, spec.right, spec.causal, scale), options)
     if key is None:
         return None
-    run = _BACKWARD_RUNS.get(key)
-    if run is None:
-        run = _bind_window_backward(q, k, v, o, lse, do, spec, scale, options) or _ORDINARY
-        if len(_BACKWARD_RUNS) >= _MAX_BOUND:
-            _BACKWARD_RUNS.clear()
-        _BACKWARD_RUNS[key] = run
+    run = launch_cache.kept(_BACKWARD_RUNS, key,
+                            lambda: _bind_window_backward(q, k, v, o, lse, do, spec, scale, options) or _ORDINARY)
     return None if run is _ORDINARY else run
 
 
@@ -410,38 +323,36 @@ def _window_forward(q, k, v, spec: Spec, scale, options: dict):
     (o, lse), the checks and the choice of kernel made the first time (they depend on nothing else) and the Gluon
     launch bound; None for the ordinary path (:func:`_apply`). On a short window the GPU finishes the forward sooner
     than the host prepares it (checks, tiles, launch), so a training step runs at the host's pace."""
-    from flashattn.kernels import fast_gluon, launch_cache
-
     if torch.compiler.is_compiling() or launch_cache._captured is not None:
         return None
     key = launch_cache.problem_key((q, k, v), (spec.left, spec.right, spec.causal, scale, runtime.MODE), options)
-    if key is None:
-        return None
-    prepared = _FORWARD_RUNS.get(key)
-    if prepared is None:
-        q4, k4, v4, checked = _check(q, k, v, spec, scale)
-        _check_options(options)
-        tiles = options.get("tiles")
-        if takes_gluon_window(q4, k4, v4, spec, tiles, None):
-            def outputs(q):  # o and lse as _forward makes them
-                return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-                        torch.empty(q.shape[:3], dtype=torch.float32, device=q.device))
+    return None if key is None else launch_cache.kept(_FORWARD_RUNS, key,
+                                                      lambda: _prepare_window_forward(q, k, v, spec, scale, options))
 
-            launch = fast_gluon.bind(q, k, v, *outputs(q), True, checked, True,
-                                     masked.gluon_window_options(q.dtype, q.shape[3]), left=min(spec.left, q.shape[2]))
 
-            def run(q, k, v):
-                o, lse = outputs(q)
-                launch(q, k, v, o, lse)
-                return o, lse
-        else:
-            def run(q, k, v):
-                return _forward(q, k, v, spec, checked, tiles, None)
-        prepared = (checked, run)
-        if len(_FORWARD_RUNS) >= _MAX_BOUND:
-            _FORWARD_RUNS.clear()
-        _FORWARD_RUNS[key] = prepared
-    return prepared
+def _prepare_window_forward(q, k, v, spec: Spec, scale, options: dict):
+    """:func:`_window_forward`'s ``(scale, run)`` for a new problem: the checks, the kernel, the Gluon launch bound."""
+    from flashattn.kernels import fast_gluon
+
+    q4, k4, v4, checked = _check(q, k, v, spec, scale)
+    _check_options(options)
+    tiles = options.get("tiles")
+    if not masking_gluon.takes_gluon_window(q4, k4, v4, spec, tiles, None):
+        return checked, lambda q, k, v: _forward(q, k, v, spec, checked, tiles, None)
+
+    def outputs(q):  # o and lse as _forward makes them
+        return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                torch.empty(q.shape[:3], dtype=torch.float32, device=q.device))
+
+    launch = fast_gluon.bind(q, k, v, *outputs(q), True, checked, True,
+                             masked.gluon_window_options(q.dtype, q.shape[3]), left=min(spec.left, q.shape[2]))
+
+    def run(q, k, v):
+        o, lse = outputs(q)
+        launch(q, k, v, o, lse)
+        return o, lse
+
+    return checked, run
 
 
 class _MaskedAttention(torch.autograd.Function):

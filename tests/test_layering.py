@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "flashattn"
 LAYERS = {  # module path prefix -> layer (a module may import its own layer and those below)
     "flashattn.runtime": 0, "flashattn.validate": 0, "flashattn.reference": 0,
     "flashattn.kernels": 1, "flashattn.functional": 1, "flashattn.distributed": 1,
-    "flashattn.masking": 1, "flashattn.ops": 1,
+    "flashattn.masking": 1, "flashattn.masking_gluon": 1, "flashattn.ops": 1,
     "flashattn.models": 2,
     "flashattn.measure": 3, "flashattn.bench": 3, "flashattn.record": 3,
     "flashattn.teaching": 4, "flashattn.exercises": 4,

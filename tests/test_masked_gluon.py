@@ -8,7 +8,7 @@ from test_backward import grad_errors
 from test_masked import torch_reference
 
 import flashattn
-from flashattn import masking, runtime
+from flashattn import masking, masking_gluon, runtime
 from flashattn.kernels import fast_options, masked
 from flashattn.kernels import mask_blocks as mb
 
@@ -19,11 +19,11 @@ HOPPER = pytest.mark.skipif(not fast_options.gluon_available(torch.float16, 64),
 def test_which_windows_take_the_gluon_kernel(monkeypatch):
     """Only a causal window (left >= 0, right 0) over as many keys as queries, one K/V head per query head, inputs
     the kernel reads in place, no explicit tiles and no counts; everything else takes the Triton window kernel."""
-    monkeypatch.setattr(masking, "gluon_available", lambda dtype, D: True)
+    monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
     q = torch.randn(2, 4, 64, 64, dtype=torch.float16)
     window = masking.Spec(31, 0, True)
-    assert masking.takes_gluon_window(q, q, q, window, None, None)
-    assert masking.takes_gluon_window(q, q, q, masking.Spec(31, 0, False), None, None)  # (left, 0): the same mask
+    assert masking_gluon.takes_gluon_window(q, q, q, window, None, None)
+    assert masking_gluon.takes_gluon_window(q, q, q, masking.Spec(31, 0, False), None, None)  # (left, 0): the same mask
     wide = torch.randn(2, 4, 64, 128, dtype=torch.float16)[..., :64]  # rows 256 bytes apart: no layout it reads
     cu = torch.tensor([0, 64], dtype=torch.int32)
     for why, args in (("explicit tiles", (q, q, q, window, (64, 64, 4, 3), None)),
@@ -36,9 +36,9 @@ def test_which_windows_take_the_gluon_kernel(monkeypatch):
                       ("packed documents", (q, q, q, masking.Spec(31, 0, True, cu, cu, 64, 64), None, None)),
                       ("a dense mask", (q, q, q, masking.Spec(-1, -1, True, mask=torch.ones(2, 4, 64, 64) > 0),
                                         None, None))):
-        assert not masking.takes_gluon_window(*args), why
-    monkeypatch.setattr(masking, "gluon_available", lambda dtype, D: False)
-    assert not masking.takes_gluon_window(q, q, q, window, None, None)
+        assert not masking_gluon.takes_gluon_window(*args), why
+    monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: False)
+    assert not masking_gluon.takes_gluon_window(q, q, q, window, None, None)
 
 
 def _spy(monkeypatch) -> list:
@@ -47,7 +47,7 @@ def _spy(monkeypatch) -> list:
     from flashattn.kernels import fast_gluon
 
     calls, bind = [], fast_gluon.bind
-    monkeypatch.setattr(masking, "_GLUON_RUNS", {})
+    monkeypatch.setattr(masking_gluon, "_RUNS", {})
     monkeypatch.setattr(masking, "_FORWARD_RUNS", {})
     monkeypatch.setattr(fast_gluon, "bind", lambda *a, **kw: calls.append(kw.get("left")) or bind(*a, **kw))
     return calls
@@ -126,7 +126,7 @@ def test_which_masks_take_the_gluon_key_mask_kernel(monkeypatch):
     """Only a boolean mask that broadcasts over heads and queries ((B, 1, 1, S), as padding is given), causal or
     not, with as many keys as queries, one K/V head per query head, no explicit tiles and no counts, while
     masked.GLUON_KEY_MASK_ON; everything else takes the dense mask's Triton kernel."""
-    monkeypatch.setattr(masking, "gluon_available", lambda dtype, D: True)
+    monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
     monkeypatch.setattr(masked, "GLUON_KEY_MASK_ON", True)
     q = torch.randn(2, 4, 64, 64, dtype=torch.float16)
     pad = key_padding((64, 10), 64, "cpu")
@@ -134,9 +134,9 @@ def test_which_masks_take_the_gluon_key_mask_kernel(monkeypatch):
     def spec(mask, causal=False, L=64, S=64):
         return masking.Spec(-1, -1, causal, mask=mask.expand(2, 4, L, S))
 
-    assert masking.takes_gluon_key_mask(q, q, q, spec(pad), None, None)
-    assert masking.takes_gluon_key_mask(q, q, q, spec(pad, causal=True), None, None)
-    assert masking.takes_gluon_key_mask(q, q, q, spec(pad[:1]), None, None)  # one row for every sequence
+    assert masking_gluon.takes_gluon_key_mask(q, q, q, spec(pad), None, None)
+    assert masking_gluon.takes_gluon_key_mask(q, q, q, spec(pad, causal=True), None, None)
+    assert masking_gluon.takes_gluon_key_mask(q, q, q, spec(pad[:1]), None, None)  # one row for every sequence
     for why, args in (("a mask per query", (q, q, q, spec(torch.rand(2, 4, 64, 64) > 0.5), None, None)),
                       ("a mask per head", (q, q, q, spec(torch.rand(2, 4, 1, 64) > 0.5), None, None)),
                       ("a float mask", (q, q, q, spec(pad.float()), None, None)),
@@ -146,9 +146,9 @@ def test_which_masks_take_the_gluon_key_mask_kernel(monkeypatch):
                       ("fewer keys than queries", (q, q[:, :, :32], q[:, :, :32],
                                                    spec(key_padding((32, 10), 32, "cpu"), S=32), None, None)),
                       ("no mask (a window)", (q, q, q, masking.Spec(31, 0, True), None, None))):
-        assert not masking.takes_gluon_key_mask(*args), why
+        assert not masking_gluon.takes_gluon_key_mask(*args), why
     monkeypatch.setattr(masked, "GLUON_KEY_MASK_ON", False)
-    assert not masking.takes_gluon_key_mask(q, q, q, spec(pad), None, None)
+    assert not masking_gluon.takes_gluon_key_mask(q, q, q, spec(pad), None, None)
 
 
 def test_key_mask_rows_are_bytes_and_ends():
@@ -158,7 +158,7 @@ def test_key_mask_rows_are_bytes_and_ends():
     for mask in (key_padding((5, 0, 17, 1), 17, "cpu"), key_padding((17, 9, 3, 12), 17, "cpu", holes),
                  key_padding((6,), 17, "cpu").expand(4, 1, 1, 17)):
         view = mask.expand(4, 3, 17, 17)
-        rows, ends = masking.key_mask_rows(view)
+        rows, ends = masking_gluon.key_mask_rows(view)
         assert rows.dtype == torch.uint8 and rows.data_ptr() == mask.data_ptr()
         assert torch.equal(rows.bool(), mask[:, 0, 0].expand(4, 17))
         want = [max((j + 1 for j in range(17) if mask[min(b, mask.shape[0] - 1), 0, 0, j]), default=0)
@@ -171,7 +171,7 @@ def _spy_key_mask(monkeypatch) -> list:
     from flashattn.kernels import fast_gluon
 
     calls, bind = [], fast_gluon.bind
-    monkeypatch.setattr(masking, "_GLUON_RUNS", {})
+    monkeypatch.setattr(masking_gluon, "_RUNS", {})
     monkeypatch.setattr(fast_gluon, "bind", lambda *a, **kw: calls.append(kw.get("key_mask") is not None)
                         or bind(*a, **kw))
     return calls

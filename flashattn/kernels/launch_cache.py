@@ -105,6 +105,23 @@ def problem_key(tensors: tuple, values: tuple = (), options: dict | None = None)
     return (*meta, *typed)
 
 
+MAX_PROBLEMS = 256  # prepared problems a caller's cache keeps (:func:`kept`); past that, it starts again
+
+
+def kept(cache: dict, key, make):
+    """``cache[key]``, made by ``make()`` the first time, for a caller's prepared problems keyed by
+    :func:`problem_key` (a None key, the ordinary path: made every time, not kept); a cache of MAX_PROBLEMS
+    problems starts again."""
+    value = None if key is None else cache.get(key)
+    if value is None:
+        value = make()
+        if key is not None:
+            if len(cache) >= MAX_PROBLEMS:
+                cache.clear()
+            cache[key] = value
+    return value
+
+
 def bind(kernel, grid: tuple, constexprs: dict, **options):
     """A function ``run(*args)`` that does ``launch(kernel, grid, args, constexprs, **options)``, for a caller that
     keys it by everything :func:`_key` reads of the arguments (shapes, strides, dtypes, devices, 16-byte alignment,

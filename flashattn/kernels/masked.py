@@ -63,9 +63,9 @@ MASK_FORWARD_TILES = {
 # a producer and 2 consumers, (64, 128), 1.34 (persistent 1.33, the Triton window kernel 1.10).
 GLUON_WINDOW = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="single"),
                 128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
-# A boolean key-padding mask ((B, 1, 1, S) broadcast: masking.takes_gluon_key_mask) on fast's Gluon kernel, causal or
-# not: FlashAttention-3's layout, a producer and 2 consumers. Not yet run on a GPU (2026-12-04): GLUON_KEY_MASK_ON
-# keeps it off until the GPU tests and tools/gpu/masks/key_mask.py have run it.
+# A boolean key-padding mask ((B, 1, 1, S) broadcast: masking_gluon.takes_gluon_key_mask) on fast's Gluon kernel,
+# causal or not: FlashAttention-3's layout, a producer and 2 consumers. Not yet run on a GPU (2026-12-04):
+# GLUON_KEY_MASK_ON keeps it off until the GPU tests and tools/gpu/masks/key_mask.py have run it.
 GLUON_KEY_MASK = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2),
                   128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
 GLUON_KEY_MASK_ON = False

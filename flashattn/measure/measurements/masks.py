@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from flashattn import masking, runtime
+from flashattn import masking, masking_gluon, runtime
 from flashattn.functional import attention, scaled_dot_product_attention
 from flashattn.kernels import mask_blocks, masked
 from flashattn.masking import attention_varlen
@@ -127,10 +127,11 @@ def mask_dtype(p: Problem):
 
 
 def ours_block(p: Problem, q, k, v) -> tuple[str, int, int]:
-    """Which kernel runs our forward on these inputs ("gluon": ``masking.takes_gluon_window``'s windows; else
+    """Which kernel runs our forward on these inputs ("gluon": ``masking_gluon.takes_gluon_window``'s windows; else
     "triton") and the (rows, keys) of the tiles it computes."""
     dtype, D = q.dtype, q.shape[-1]
-    if p.kind == "window" and masking.takes_gluon_window(q, k, v, masking.Spec(p.window - 1, 0, True), None, None):
+    window = masking.Spec(p.window - 1, 0, True) if p.kind == "window" else None
+    if window is not None and masking_gluon.takes_gluon_window(q, k, v, window, None, None):
         return ("gluon", *masked.gluon_window_block(dtype, D))
     return ("triton", *masked.tiles_for(dtype, D, mask=mask_dtype(p))[0][:2])
 

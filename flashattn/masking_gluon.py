@@ -1,0 +1,84 @@
+"""Masked attention's forward on ``fast``'s Gluon kernel (Hopper; notebook 14): which problems take it, and their
+launches, bound once per problem. A causal sliding window runs the kernel's WINDOW (:func:`takes_gluon_window`,
+:func:`window_forward`); a (B, 1, 1, S) boolean key-padding mask its KEY_MASK (:func:`takes_gluon_key_mask`,
+:func:`key_mask_forward`), while ``kernels.masked.GLUON_KEY_MASK_ON``. ``masking.py`` calls them; everything else
+runs the Triton kernels of ``kernels/masked.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flashattn.kernels import launch_cache, masked
+from flashattn.kernels.fast_options import gluon_available
+
+
+def _gluon_problem(q4, k4, v4) -> bool:
+    """What the Gluon kernel needs of every problem: Hopper, 16-bit, D = 64 or 128, as many keys as queries, one K/V
+    head per query head, 32-bit row coordinates, inputs it reads in place."""
+    (B, H, L, D), (Hkv, S) = q4.shape, k4.shape[1:3]
+    if not (gluon_available(q4.dtype, D) and L == S and H == Hkv and B * H * L < 2**31):
+        return False
+    from flashattn.kernels.descriptors import heads_in_columns
+
+    return heads_in_columns(q4, k4, v4) is not None
+
+
+def takes_gluon_window(q4, k4, v4, spec, tiles, counts) -> bool:
+    """Whether the forward runs fast's Gluon kernel with a window (``fast_gluon.py``): a causal sliding window (query
+    i sees keys i - left .. i) on Hopper, 16-bit, D = 64 or 128, as many keys as queries, one K/V head per query
+    head, inputs it reads in place. Explicit ``tiles`` and ``counts`` take the Triton kernel (it counts its
+    blocks); so does everything else."""
+    if (tiles is not None or counts is not None or spec.packed or spec.mask is not None or spec.left < 0
+            or spec.right != 0):
+        return False
+    return _gluon_problem(q4, k4, v4)
+
+
+def takes_gluon_key_mask(q4, k4, v4, spec, tiles, counts) -> bool:
+    """Whether the forward runs fast's Gluon kernel with a key-padding mask (``fast_gluon.py``'s KEY_MASK): a boolean
+    ``attn_mask`` that broadcasts over heads and queries (a (B, 1, 1, S) padding mask, zero strides in the (B, Hq, L,
+    S) view), on Hopper, 16-bit, D = 64 or 128, as many keys as queries, one K/V head per query head, inputs it reads
+    in place, no explicit tiles and no counts, while ``masked.GLUON_KEY_MASK_ON``. The backward runs the dense
+    mask's Triton kernels either way."""
+    mask = spec.mask
+    if (not masked.GLUON_KEY_MASK_ON or tiles is not None or counts is not None or mask is None
+            or mask.dtype != torch.bool or mask.stride(1) != 0 or mask.stride(2) != 0):
+        return False
+    return _gluon_problem(q4, k4, v4)
+
+
+def key_mask_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A key-padding mask's (B, S) rows as bytes (a view: 1 where the key takes part) and each row's last kept key
+    + 1 (int32 (B,); 0 for a row that keeps none), computed on the GPU: the kernel loads no key block past it."""
+    rows = mask[:, 0, 0, :].view(torch.uint8)
+    keys = torch.arange(1, rows.shape[1] + 1, dtype=torch.int32, device=rows.device)
+    return rows, torch.where(rows != 0, keys, 0).amax(-1)
+
+
+_RUNS: dict = {}  # a problem's bound Gluon launch (fast_gluon.bind), by launch_cache.problem_key
+
+
+def window_forward(q4, k4, v4, o4, lse3, left: int, scale: float) -> None:
+    """The Gluon window forward, its launch bound once per problem (shapes, strides, dtypes, alignment, window,
+    scale) as ``fast`` binds its own: a short window's kernel runs for about as long as a launch takes to prepare."""
+    from flashattn.kernels import fast_gluon
+
+    opts = masked.gluon_window_options(q4.dtype, q4.shape[-1])
+    key = launch_cache.problem_key((q4, k4, v4, o4, lse3), (left, scale, opts))
+    run = launch_cache.kept(_RUNS, key,
+                            lambda: fast_gluon.bind(q4, k4, v4, o4, lse3, True, scale, True, opts, left=left))
+    run(q4, k4, v4, o4, lse3)
+
+
+def key_mask_forward(q4, k4, v4, o4, lse3, spec, scale: float) -> None:
+    """The Gluon forward with a key-padding mask (:func:`takes_gluon_key_mask`), its launch bound once per problem
+    (as :func:`window_forward`); the mask's rows and ends are the call's own."""
+    from flashattn.kernels import fast_gluon
+
+    opts = masked.gluon_key_mask_options(q4.dtype, q4.shape[-1], spec.causal)
+    kmask, kv_end = key_mask_rows(spec.mask)
+    key = launch_cache.problem_key((q4, k4, v4, o4, lse3, kmask, kv_end), ("key mask", spec.causal, scale, opts))
+    run = launch_cache.kept(_RUNS, key, lambda: fast_gluon.bind(q4, k4, v4, o4, lse3, spec.causal, scale, True, opts,
+                                                                key_mask=(kmask, kv_end)))
+    run(q4, k4, v4, o4, lse3, kmask, kv_end)
