@@ -1,8 +1,8 @@
 """Masked attention's forward on ``fast``'s Gluon kernel (Hopper; notebook 14): which problems take it, and their
 launches, bound once per problem. A causal sliding window runs the kernel's WINDOW (:func:`takes_gluon_window`,
 :func:`window_forward`); a (B, 1, 1, S) boolean key-padding mask its KEY_MASK (:func:`takes_gluon_key_mask`,
-:func:`key_mask_forward`), while ``kernels.masked.GLUON_KEY_MASK_ON``. ``masking.py`` calls them; everything else
-runs the Triton kernels of ``kernels/masked.py``.
+:func:`key_mask_forward`), at the head dimensions in ``kernels.masked.GLUON_KEY_MASK_DIMS``. ``masking.py`` calls
+them; everything else runs the Triton kernels of ``kernels/masked.py``.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ def takes_gluon_window(q4, k4, v4, spec, tiles, counts) -> bool:
 def takes_gluon_key_mask(q4, k4, v4, spec, tiles, counts) -> bool:
     """Whether the forward runs fast's Gluon kernel with a key-padding mask (``fast_gluon.py``'s KEY_MASK): a boolean
     ``attn_mask`` that broadcasts over heads and queries (a (B, 1, 1, S) padding mask, zero strides in the (B, Hq, L,
-    S) view), on Hopper, 16-bit, D = 64 or 128, as many keys as queries, one K/V head per query head, inputs it reads
-    in place, no explicit tiles and no counts, while ``masked.GLUON_KEY_MASK_ON``. The backward runs the dense
-    mask's Triton kernels either way."""
+    S) view), on Hopper, 16-bit, at a head dimension in ``masked.GLUON_KEY_MASK_DIMS`` (64 or 128), as many keys as
+    queries, one K/V head per query head, inputs it reads in place, no explicit tiles and no counts. The backward
+    runs the dense mask's Triton kernels either way."""
     mask = spec.mask
-    if (not masked.GLUON_KEY_MASK_ON or tiles is not None or counts is not None or mask is None
+    if (q4.shape[-1] not in masked.GLUON_KEY_MASK_DIMS or tiles is not None or counts is not None or mask is None
             or mask.dtype != torch.bool or mask.stride(1) != 0 or mask.stride(2) != 0):
         return False
     return _gluon_problem(q4, k4, v4)

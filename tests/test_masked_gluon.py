@@ -111,7 +111,7 @@ def test_a_bound_window_launch_serves_new_tensors_of_its_problem(monkeypatch):
     assert calls == [100, 101]
 
 
-# --- a key-padding mask on the Gluon kernel (fast_gluon.py's KEY_MASK; masked.GLUON_KEY_MASK_ON) -----------------
+# --- a key-padding mask on the Gluon kernel (fast_gluon.py's KEY_MASK; masked.GLUON_KEY_MASK_DIMS) -----------
 
 def key_padding(lengths, N, device, holes=None):
     """A (B, 1, 1, N) boolean key-padding mask: sequence b keeps its first lengths[b] keys; with ``holes`` (a
@@ -124,10 +124,15 @@ def key_padding(lengths, N, device, holes=None):
 
 def test_which_masks_take_the_gluon_key_mask_kernel(monkeypatch):
     """Only a boolean mask that broadcasts over heads and queries ((B, 1, 1, S), as padding is given), causal or
-    not, with as many keys as queries, one K/V head per query head, no explicit tiles and no counts, while
-    masked.GLUON_KEY_MASK_ON; everything else takes the dense mask's Triton kernel."""
+    not, with as many keys as queries, one K/V head per query head, no explicit tiles and no counts, at a head
+    dimension in masked.GLUON_KEY_MASK_DIMS (by default 128 only); everything else takes the dense mask's Triton
+    kernel."""
     monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
-    monkeypatch.setattr(masked, "GLUON_KEY_MASK_ON", True)
+    q128 = torch.randn(2, 4, 64, 128, dtype=torch.float16)
+    assert masked.GLUON_KEY_MASK_DIMS == (128,)
+    assert masking_gluon.takes_gluon_key_mask(q128, q128, q128, masking.Spec(-1, -1, False, mask=key_padding(
+        (64, 10), 64, "cpu").expand(2, 4, 64, 64)), None, None)
+    monkeypatch.setattr(masked, "GLUON_KEY_MASK_DIMS", (64, 128))
     q = torch.randn(2, 4, 64, 64, dtype=torch.float16)
     pad = key_padding((64, 10), 64, "cpu")
 
@@ -147,7 +152,7 @@ def test_which_masks_take_the_gluon_key_mask_kernel(monkeypatch):
                                                    spec(key_padding((32, 10), 32, "cpu"), S=32), None, None)),
                       ("no mask (a window)", (q, q, q, masking.Spec(31, 0, True), None, None))):
         assert not masking_gluon.takes_gluon_key_mask(*args), why
-    monkeypatch.setattr(masked, "GLUON_KEY_MASK_ON", False)
+    monkeypatch.setattr(masked, "GLUON_KEY_MASK_DIMS", (128,))  # the default: D = 64 takes the Triton kernel
     assert not masking_gluon.takes_gluon_key_mask(q, q, q, spec(pad), None, None)
 
 
@@ -184,7 +189,7 @@ def test_gluon_key_padding_against_float64(dtype, D, monkeypatch):
     """N = 1000 (not a multiple of the blocks), B = 4, H = 3: lengths 1, a block ± 1 and N; a mask with holes; a
     sequence that keeps no key (output 0 and log-sum-exp +inf, as the Triton kernels store them); causal and not.
     One bind per problem (a new mask of the same shapes is the same problem)."""
-    monkeypatch.setattr(masked, "GLUON_KEY_MASK_ON", True)
+    monkeypatch.setattr(masked, "GLUON_KEY_MASK_DIMS", (64, 128))
     calls = _spy_key_mask(monkeypatch)
     gen = torch.Generator().manual_seed(D)
     N = 1000
@@ -212,8 +217,7 @@ def test_gluon_key_padding_gradients_through_the_drop_in(dtype, monkeypatch):
     """The drop-in with a (B, 1, 1, S) boolean attn_mask, as a model pads its batch: forward on the Gluon kernel, the
     backward on the dense mask's Triton kernels (from the Gluon forward's log-sum-exp), N = 4096, (B, N, H, D)
     inputs seen through ``transpose`` (read in place), against float64."""
-    monkeypatch.setattr(masked, "GLUON_KEY_MASK_ON", True)
-    calls = _spy_key_mask(monkeypatch)
+    calls = _spy_key_mask(monkeypatch)  # D = 128: on by default
     gen = torch.Generator().manual_seed(4)
     q, k, v, do = (torch.randn(3, 4096, 4, 128, generator=gen).to(runtime.DEVICE, dtype).transpose(1, 2)
                    for _ in range(4))

@@ -64,11 +64,15 @@ MASK_FORWARD_TILES = {
 GLUON_WINDOW = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="single"),
                 128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
 # A boolean key-padding mask ((B, 1, 1, S) broadcast: masking_gluon.takes_gluon_key_mask) on fast's Gluon kernel,
-# causal or not: FlashAttention-3's layout, a producer and 2 consumers. Not yet run on a GPU (2026-12-04):
-# GLUON_KEY_MASK_ON keeps it off until the GPU tests and tools/gpu/masks/key_mask.py have run it.
+# causal or not: FlashAttention-3's layout, a producer and 2 consumers, at the head dimensions in
+# GLUON_KEY_MASK_DIMS (the dense mask's Triton kernel elsewhere). tools/gpu/masks/key_mask.py and padding_tiles.py
+# (H200, 2026-12-04 15:28-15:34 UTC; masks_vs_flex's padding problem, B 4, 16 heads, N 16k, fp16 and bf16,
+# forward): at D = 128 FlexAttention's time over ours 1.23-1.25 (the Triton kernel 1.04-1.05); at D = 64 every
+# Gluon schedule tried was slower than the Triton kernel (0.87-0.93 against 0.95; three consumers 0.60-0.64), so
+# D = 64 stays on it. The D = 64 entry is kept for the tests and the probes, which put 64 in GLUON_KEY_MASK_DIMS.
 GLUON_KEY_MASK = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2),
                   128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
-GLUON_KEY_MASK_ON = False
+GLUON_KEY_MASK_DIMS = (128,)
 FLOAT32_TILES = [(64, 32, 4, 2), (32, 32, 4, 2)]  # IEEE float32 on the CUDA cores: for checking, not speed
 INTERPRETER_TILES = (32, 32, 4, 1)  # small blocks: a test's few dozen keys still make several of them
 
@@ -114,6 +118,13 @@ def gluon_window_block(dtype: torch.dtype, D: int, options: dict | None = None) 
     against one key block; every consumer goes through every key block its program's rows see."""
     opts = gluon_window_options(dtype, D, options)
     return opts.block_m * (1 if opts.schedule == "single" else opts.consumers), opts.block_n
+
+
+def gluon_key_mask_block(D: int) -> tuple[int, int]:
+    """(rows, keys) of the tiles the Gluon key-padding kernel computes (:data:`GLUON_KEY_MASK`'s, as
+    :func:`gluon_window_block`)."""
+    c = GLUON_KEY_MASK[D]
+    return c["block_m"] * (1 if c["schedule"] == "single" else c["consumers"]), c["block_n"]
 
 
 # --- the steps -----------------------------------------------------------------------------------------------

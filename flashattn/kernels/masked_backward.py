@@ -62,13 +62,16 @@ DQ_TILES = {
 }
 # A dense attn_mask (the blocks kernels): the padding problem's sweep (B 4, 16 heads, N 16k, 2026-12-03, two runs)
 # timed dK/dV (64, 64, 4, 3) at 0.92-0.97 of (32, 64, 4, 3)'s forward + backward, at D = 64 and 128, fp16 and bf16
-# ((128, 128, 8, 2) the same at D = 64, twice as slow at 128); no dQ tile beat the default by more than 2 %.
+# ((128, 128, 8, 2) the same at D = 64, twice as slow at 128); no dQ tile of that sweep beat the default by more
+# than 2 %. tools/gpu/masks/padding_tiles.py (2026-12-04 15:33 UTC, D = 64, fp16 and bf16) tried wider ones: dQ
+# (64, 128, 4, 3), 128 keys a step over the long runs of full tiles that padding leaves, took the dQ kernel 6.9 ms
+# against (64, 64, 4, 3)'s 9.1 (torch.profiler), the whole step 0.90-0.92 of its time.
 MASK_DKDV_TILES = {
     **DKDV_TILES,
     64: [(64, 64, 4, 3), (32, 64, 4, 3), (64, 128, 8, 3), (128, 128, 8, 2)],
     128: [(64, 64, 4, 3), (32, 64, 4, 3), (64, 128, 8, 2), (128, 128, 8, 2)],
 }
-MASK_DQ_TILES = DQ_TILES
+MASK_DQ_TILES = {**DQ_TILES, 64: [(64, 128, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3)]}
 FLOAT32_TILES = [(32, 32, 8, 1), (16, 16, 4, 1)]
 INTERPRETER_TILES = (32, 32, 4, 1)
 

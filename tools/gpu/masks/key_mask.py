@@ -3,8 +3,9 @@ mask's Triton kernel it replaces and FlexAttention, at ``masks_vs_flex``'s paddi
 
     python tools/gpu/masks/key_mask.py    # about two minutes; summary on stdout, $OUT/key_mask.json
 
-``masked.GLUON_KEY_MASK_ON`` is off until this probe and the GPU tests (``tests/test_masked_gluon.py``) have run the
-kernel. Here each call runs with it on ("gluon") and off ("dense"), so one run tells both paths apart:
+Each call runs with ``masked.GLUON_KEY_MASK_DIMS`` (the head dimensions that take the Gluon kernel) set to both
+(64, 128) ("gluon") and none ("dense"), so one run tells both paths apart. First run 2026-12-04 15:28 UTC; since then
+only D = 128 takes it by default (``masked.py`` says why):
 
 1. correctness at full size: the padding problem of ``masks_vs_flex`` (B = 4, 16 heads, N = 16k, lengths from N/4 to
    N, one of them N), fp16 and bf16, D = 64 and 128: the Gluon forward's output and log-sum-exp against the dense
@@ -59,8 +60,8 @@ def main():
             def forward(q=q, k=k, v=v):
                 return masking.masked_forward(q, k, v, attn_mask=mask.expand(*q.shape[:3], p.N))
 
-            o_g, lse_g = patched(forward, masked, "GLUON_KEY_MASK_ON", True)()
-            o_d, lse_d = patched(forward, masked, "GLUON_KEY_MASK_ON", False)()
+            o_g, lse_g = patched(forward, masked, "GLUON_KEY_MASK_DIMS", (64, 128))()
+            o_d, lse_d = patched(forward, masked, "GLUON_KEY_MASK_DIMS", ())()
             b, sl, ref = masks.reference_rows(p, q, k, v)
             row["rel_error"] = {"gluon vs float64": rel_error(o_g[b, 0, sl], ref),
                                 "dense vs float64": rel_error(o_d[b, 0, sl], ref),
@@ -72,8 +73,8 @@ def main():
             for training in (False, True):
                 step = "fwd+bwd" if training else "fwd"
                 ours = masks.timed(fns["ours"], q, k, v, do, training)
-                calls[f"gluon {step}"] = patched(ours, masked, "GLUON_KEY_MASK_ON", True)
-                calls[f"dense {step}"] = patched(ours, masked, "GLUON_KEY_MASK_ON", False)
+                calls[f"gluon {step}"] = patched(ours, masked, "GLUON_KEY_MASK_DIMS", (64, 128))
+                calls[f"dense {step}"] = patched(ours, masked, "GLUON_KEY_MASK_DIMS", ())
                 calls[f"flex {step}"] = masks.timed(fns["flex"], q, k, v, do, training)
             for fn in calls.values():
                 fn()
