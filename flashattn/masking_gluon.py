@@ -56,6 +56,15 @@ def key_mask_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, torch.where(rows != 0, keys, 0).amax(-1)
 
 
+def key_mask_blocks(rows: torch.Tensor, ends: torch.Tensor, block_n: int) -> torch.Tensor:
+    """:func:`key_mask_rows`' ends with a flag per key block of ``block_n`` keys after each: int32 (B, 1 + S /
+    block_n), 1 where some key of the block is dropped (fast_gluon's KEY_MASK 2 reads that block's mask bytes; a
+    full block runs as without a mask). Keys past S count as kept: the kernel masks them as any ragged tail."""
+    S = rows.shape[1]
+    full = torch.nn.functional.pad(rows, (0, -S % block_n), value=1).unflatten(1, (-1, block_n)).amin(-1)
+    return torch.cat((ends[:, None], (full == 0).to(torch.int32)), 1)
+
+
 _RUNS: dict = {}  # a problem's bound Gluon launch (fast_gluon.bind), by launch_cache.problem_key
 
 
@@ -78,6 +87,8 @@ def key_mask_forward(q4, k4, v4, o4, lse3, spec, scale: float) -> None:
 
     opts = masked.gluon_key_mask_options(q4.dtype, q4.shape[-1], spec.causal)
     kmask, kv_end = key_mask_rows(spec.mask)
+    if masked.GLUON_KEY_MASK_BLOCKS:
+        kv_end = key_mask_blocks(kmask, kv_end, opts.block_n)
     key = launch_cache.problem_key((q4, k4, v4, o4, lse3, kmask, kv_end), ("key mask", spec.causal, scale, opts))
     run = launch_cache.kept(_RUNS, key, lambda: fast_gluon.bind(q4, k4, v4, o4, lse3, spec.causal, scale, True, opts,
                                                                 key_mask=(kmask, kv_end)))

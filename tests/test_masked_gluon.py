@@ -182,22 +182,46 @@ def _spy_key_mask(monkeypatch) -> list:
     return calls
 
 
+def test_key_mask_blocks_flag_the_partial_blocks():
+    """KEY_MASK 2's ends: each row's end, then 1 for each block of keys where some key is dropped; S not a multiple
+    of the block (the keys past S count as kept), holes in one block only, a row that keeps none."""
+    holes = torch.Generator().manual_seed(1)
+    for S, block_n in ((17, 4), (16, 4), (300, 128), (5, 128)):
+        for mask in (key_padding((S, 0, S // 2 + 1, 1), S, "cpu"), key_padding((S, S, 3, S), S, "cpu", holes)):
+            mask[0, 0, 0, S // 3] = False  # one dropped key inside an otherwise full row
+            rows, ends = masking_gluon.key_mask_rows(mask)
+            got = masking_gluon.key_mask_blocks(rows, ends, block_n)
+            assert got.dtype == torch.int32 and got.shape == (4, 1 + -(-S // block_n)) and got.is_contiguous()
+            assert torch.equal(got[:, 0], ends)
+            for b in range(4):
+                for j in range(got.shape[1] - 1):
+                    want = not bool(mask[b, 0, 0, j * block_n:(j + 1) * block_n].all())
+                    assert got[b, 1 + j].item() == want, (S, block_n, b, j)
+
+
 @HOPPER
+@pytest.mark.parametrize("blocks", [False, True], ids=["every block's bytes", "partial blocks' bytes"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_gluon_key_padding_against_float64(dtype, D, monkeypatch):
-    """N = 1000 (not a multiple of the blocks), B = 4, H = 3: lengths 1, a block ± 1 and N; a mask with holes; a
-    sequence that keeps no key (output 0 and log-sum-exp +inf, as the Triton kernels store them); causal and not.
-    One bind per problem (a new mask of the same shapes is the same problem)."""
+def test_gluon_key_padding_against_float64(dtype, D, blocks, monkeypatch):
+    """N = 1000 (not a multiple of the blocks), B = 4, H = 3: lengths 1, a block ± 1 and N; a mask with holes, and
+    one with a gap of 10 keys (one partial block among full ones); a sequence that keeps no key (output 0 and
+    log-sum-exp +inf, as the Triton kernels store them); causal and not; the kernel reading every block's mask
+    bytes (KEY_MASK 1) or only those the host flags partial (2). One bind per problem (a new mask of the same
+    shapes is the same problem)."""
     monkeypatch.setattr(masked, "GLUON_KEY_MASK_DIMS", (64, 128))
+    monkeypatch.setattr(masked, "GLUON_KEY_MASK_BLOCKS", blocks)
     calls = _spy_key_mask(monkeypatch)
     gen = torch.Generator().manual_seed(D)
     N = 1000
     cases = (((1, 127, 129, 1000), False, False), ((1000, 300, 64, 999), True, False),
-             ((0, 1000, 500, 2), False, False), ((700, 1000, 129, 1), False, True))
+             ((0, 1000, 500, 2), False, False), ((700, 1000, 129, 1), False, True),
+             ((1000, 999, 640, 1000), "gap", False))
     for lengths, holes, causal in cases:
         q, k, v = (torch.randn(4, 3, N, D, generator=gen).to(runtime.DEVICE, dtype) for _ in range(3))
-        keep = key_padding(lengths, N, runtime.DEVICE, gen if holes else None)
+        keep = key_padding(lengths, N, runtime.DEVICE, gen if holes is True else None)
+        if holes == "gap":
+            keep[:2, ..., 300:310] = False
         full = keep.expand(4, 3, N, N)
         if causal:
             full = full & torch.ones(N, N, dtype=torch.bool, device=q.device).tril()

@@ -47,6 +47,7 @@ if not triton_compat.HAS_GLUON:  # fast then runs its Triton kernel (fast_option
 
 from . import descriptors  # noqa: E402
 from .constants import LN_2, LOG2_E  # noqa: E402
+from .fast_gluon_keys import _block_kind, _kept_keys, _key_mask  # noqa: E402
 from .fast_options import WS_MAXNREG  # noqa: E402
 from .triton_compat import gl, gluon, mbarrier, tma_load, warpgroup_mma, warpgroup_mma_wait  # noqa: E402
 
@@ -83,8 +84,8 @@ def _load_tile(desc, bars, ring, slot, row, col, pred):
 def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale, left, kept,
              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MASK: gl.constexpr,
              s_layout: gl.constexpr):
-    """Block j's online-softmax step: returns ``pij``, the new ``mi`` and ``li``, and ``alpha``. ``kept`` (with
-    KEY_MASK): the block's keys that take part (:func:`_kept_keys`)."""
+    """Block j's online-softmax step: returns ``pij``, the new ``mi`` and ``li``, and ``alpha``. ``kept``: with
+    KEY_MASK 1 the block's keys that take part (:func:`_kept_keys`), with 2 (whether it is partial, the mask)."""
     BLOCK_M: gl.constexpr = sij.shape[0]
     # only the causal diagonal, the ragged tail (N not a multiple of BLOCK_N) and, with a WINDOW, the blocks that
     # cross its left edge (query i sees keys i - left .. i) need a mask
@@ -97,8 +98,12 @@ def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale, left, kept,
         if WINDOW:
             keep = keep & (offs_n[None, :] + left >= offs_m[:, None])
         sij = gl.where(keep, sij, float("-inf"))
-    if KEY_MASK:
+    if KEY_MASK == 1:
         sij = gl.where(kept[None, :], sij, float("-inf"))
+    if KEY_MASK == 2:  # a full block's keys all take part: only a partial one reads its mask bytes
+        partial, kmask = kept
+        if partial:
+            sij = gl.where(_kept_keys(kmask, start_n, N, BLOCK_N, s_layout)[None, :], sij, float("-inf"))
     mi_new = gl.maximum(mi, gl.max(sij, 1) * qk_scale)
     if WINDOW or KEY_MASK:  # a row may have seen no key yet (mi_new = -inf): keep it at 0, not -inf - -inf = NaN
         m_safe = gl.where(mi_new == float("-inf"), 0.0, mi_new)
@@ -108,16 +113,6 @@ def _softmax(sij, mi, li, start_n, m0, offs_m, N, qk_scale, left, kept,
     alpha = gl.exp2(mi - m_safe)
     li = li * alpha + gl.sum(pij, 1)
     return pij, mi_new, li, alpha
-
-
-@gluon.jit
-def _kept_keys(kmask, start_n, N, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """A key-padding mask's entries for keys ``start_n ..`` (``kmask``: the batch's row of it and its key stride), as
-    booleans in the layout of a row of scores. Loaded before the block's scores are waited for, so that the load's
-    latency hides behind the product."""
-    row, stride = kmask
-    offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    return gl.load(row + offs_n.to(gl.int64) * stride, mask=offs_n < N, other=0) != 0
 
 
 @gluon.jit
@@ -155,10 +150,7 @@ def _step(j, c, n_blocks, qi, pij, acc, mi, li, ring, refill, frees, m0, offs_m,
     s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # ignored: use_acc=False
     slot = c % STAGES
     prev = (c - 1) % STAGES
-    if KEY_MASK:  # a key-padding mask's entries for this block (masking.py), loaded before any wait
-        kept = _kept_keys(kmask, n0 + j * BLOCK_N, N, BLOCK_N, s_layout)
-    else:
-        kept = 0
+    kept = _block_kind(kmask, n0 + j * BLOCK_N, N, BLOCK_N, KEY_MASK, s_layout)  # a key-padding mask's (masking.py)
     mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)  # kj landed (the phase flips each lap of the ring)
     sij = warpgroup_mma(qi, k_ring.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
     if not OVERLAP:  # for comparison: each product waited for at once, nothing runs beside the softmax
@@ -205,10 +197,7 @@ def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale, n0, lef
     s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # ignored: use_acc=False
 
     # block 0: scores and softmax, nothing to overlap with yet
-    if KEY_MASK:
-        kept = _kept_keys(kmask, n0, N, BLOCK_N, s_layout)
-    else:
-        kept = 0
+    kept = _block_kind(kmask, n0, N, BLOCK_N, KEY_MASK, s_layout)
     slot = c0 % STAGES
     mbarrier.wait(k_ready.index(slot), (c0 // STAGES) & 1)
     sij = warpgroup_mma(qi, k_ring.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
@@ -277,17 +266,6 @@ def _key_blocks(m0, N, left, kv_end, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, 
 
 
 @gluon.jit
-def _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, bh, H, N, KEY_MASK: gl.constexpr):
-    """Head ``bh``'s batch's key-padding mask: (its row of the mask and the mask's key stride, for
-    :func:`_kept_keys`) and the end of its last kept key (``masking.py`` computes them); without KEY_MASK, (unused, N)."""
-    if KEY_MASK:
-        b = bh // H
-        return (KMASK + b.to(gl.int64) * stride_kmb, stride_kmn), gl.load(KV_END + b)
-    else:
-        return (KMASK, stride_kmn), N
-
-
-@gluon.jit
 def _o_head(bh, H, stride_ob, stride_oh):
     """The offset of head ``bh``'s first output row in O (any strides: O is a pointer)."""
     return (bh // H).to(gl.int64) * stride_ob + (bh % H).to(gl.int64) * stride_oh
@@ -319,7 +297,7 @@ def _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_sc
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
 
-    kmask, kv_end = _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, pid_bh, H, N, KEY_MASK)
+    kmask, kv_end = _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, pid_bh, H, N, BLOCK_N, KEY_MASK)
     n0, n_blocks = _key_blocks(m0, N, left, kv_end, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, KEY_MASK)
 
     mbarrier.expect(q_bar, Q.block_type.nbytes)
@@ -377,7 +355,7 @@ def _producer(io, smem, bars, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MA
             mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)  # (a fresh barrier passes a wait on parity 1)
             mbarrier.expect(q_ready.index(c), Q.block_type.nbytes)
             tma_load(Q, [row0 + m0 + c * BLOCK_M, col], q_ready.index(c), q_tiles.index(c))
-        _, kv_end = _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, bh, H, N, KEY_MASK)
+        _, kv_end = _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, bh, H, N, BLOCK_N, KEY_MASK)
         n0, n_blocks = _key_blocks(m0, N, left, kv_end, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL, WINDOW, KEY_MASK)
         for j in range(n_blocks):
             slot = cnt % STAGES
@@ -411,7 +389,7 @@ def _consumer(io, smem, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl
         tm, bh = _tile(t, n_m, CAUSAL)
         m0 = (tm * CONSUMERS + WG) * BLOCK_M
         # the producer's blocks (every consumer reads each of them)
-        kmask, kv_end = _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, bh, H, N, KEY_MASK)
+        kmask, kv_end = _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, bh, H, N, BLOCK_N, KEY_MASK)
         n0, n_blocks = _key_blocks(tm * CONSUMERS * BLOCK_M, N, left, kv_end, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL,
                                    WINDOW, KEY_MASK)
         mbarrier.wait(q_ready.index(WG), it & 1)
@@ -437,8 +415,9 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on
     its strides (the last one 1). WINDOW (with CAUSAL): query i sees keys i - left .. i only, and the key blocks
     before its window are not loaded (masked attention's sliding window, ``masking.py``). KEY_MASK: batch b's keys
     take part where the key-padding mask ``KMASK`` (bytes; batch b's row at ``b·stride_kmb``, key n at
-    ``n·stride_kmn``) is nonzero, and the blocks past ``KV_END[b]`` (its last kept key + 1) are not loaded; a row
-    that keeps no key stores 0 and the log-sum-exp +inf (``masking.py``'s padding masks)."""
+    ``n·stride_kmn``) is nonzero, and the blocks past its last kept key + 1 (``KV_END``: :func:`_key_mask`) are not
+    loaded; KEY_MASK 1 reads every block's mask bytes, 2 only those of the blocks KV_END flags partial. A row that
+    keeps no key stores 0 and the log-sum-exp +inf (``masking.py``'s padding masks)."""
     if not WARP_SPECIALIZE:
         _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_scale, left, KMASK, KV_END,
                        stride_kmb, stride_kmn, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, KEY_MASK, STORE_LSE,
@@ -498,16 +477,20 @@ def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts, le
     descriptors from templates and calls the compiled kernel directly (``launch_cache.bind``). ``left`` >= 0 (with
     ``causal``): a sliding window, query i seeing keys i - left .. i. ``key_mask``: a key-padding mask, as
     ``(kmask, kv_end)``: a (B, S) uint8 view (nonzero: the key takes part) and each batch's last kept key + 1, int32
-    (B,); then ``run(q, k, v, o, lse, kmask, kv_end)`` takes the call's own, with the strides of these."""
+    (B,), or (B, 1 + S / block_n) with each block's flag after it (:func:`_key_mask`); then ``run(q, k, v, o, lse,
+    kmask, kv_end)`` takes the call's own, with the strides of these."""
     B, H, N, D = q.shape
     window = left >= 0
     if window and not causal:
         raise ValueError("fast_gluon: a window (left >= 0) is causal here (query i sees keys i - left .. i)")
     if key_mask is not None:
         kmask, kv_end = key_mask
-        if window or kmask.shape != (B, N) or kmask.dtype != torch.uint8 or kv_end.shape != (B,) \
-                or kv_end.dtype != torch.int32:
-            raise ValueError("fast_gluon: a key mask is a (B, S) uint8 view and (B,) int32 ends, without a window")
+        mode = 2 if kv_end.dim() == 2 else 1
+        ends = (B,) if mode == 1 else (B, 1 + triton.cdiv(N, opts.block_n))
+        if window or kmask.shape != (B, N) or kmask.dtype != torch.uint8 or kv_end.shape != ends \
+                or kv_end.dtype != torch.int32 or not kv_end.is_contiguous():
+            raise ValueError("fast_gluon: a key mask is a (B, S) uint8 view and contiguous int32 ends, (B,) or "
+                             "(B, 1 + S / block_n) with the block flags, without a window")
         mask_strides = tuple(kmask.stride())
     if B * H * N >= 2**31:
         raise ValueError(f"fast: the Gluon kernel addresses rows with 32-bit coordinates; B·H·N = {B * H * N} is too large")
@@ -522,7 +505,7 @@ def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts, le
     kernel = launch_cache.bind(
         attn_kernel_gluon, grid(N, B * H, opts),
         dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=causal, WINDOW=window,
-             KEY_MASK=key_mask is not None, STORE_LSE=return_lse, OVERLAP=opts.overlap, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
+             KEY_MASK=0 if key_mask is None else mode, STORE_LSE=return_lse, OVERLAP=opts.overlap, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
              CONSUMERS=opts.consumers if ws else 2, HEADS_IN_COLUMNS=in_columns),
         num_warps=opts.num_warps, **({"maxnreg": WS_MAXNREG[opts.consumers]} if ws else {}))
     tail = (N, B * H, H, o.stride(0), o.stride(1), o.stride(2), scale * LOG2_E.value, max(left, 0))

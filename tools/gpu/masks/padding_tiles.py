@@ -1,12 +1,15 @@
-"""GPU probe (issue 30): the padding cells of ``masks_vs_flex`` at D = 64, where the key-padding Gluon forward
-(``masked.GLUON_KEY_MASK``) lost to the dense mask's Triton kernel on its first run, on the H200.
+"""GPU probe (issue 30): the padding cells of ``masks_vs_flex``, where the key-padding Gluon forward
+(``masked.GLUON_KEY_MASK``) lost to the dense mask's Triton kernel at D = 64 on its first run, on the H200.
 
-    python tools/gpu/masks/padding_tiles.py    # about 2.5 minutes; summary on stdout, $OUT/padding_tiles.json
+    python tools/gpu/masks/padding_tiles.py    # about 3 minutes; summary on stdout, $OUT/padding_tiles.json
+    PADDING_TILES_TRAINING=1 python ...         # and part 2 (2.5 minutes more)
 
-1. the forward: the Gluon kernel with each schedule and tile of ``CONFIGS`` (its output against the dense kernel's),
-   the dense kernel (default tiles, and three others) and FlexAttention, in interleaved rounds;
-2. forward + backward: ``backward_tiles.one_cell`` on the same problem (the dense mask's backward with each dK/dV
-   and dQ tile pair, the drop-in's own step and FlexAttention, and their kernels' times).
+1. the forward, D = 64 and 128: the Gluon kernel with each schedule and tile of ``CONFIGS``, reading every key
+   block's mask bytes (``masked.GLUON_KEY_MASK_BLOCKS`` off: "bytes") or only the partial blocks' (on: "flags"),
+   its output against the dense kernel's; the dense kernel (default tiles, and three others) and FlexAttention,
+   in interleaved rounds;
+2. forward + backward at D = 64: ``backward_tiles.one_cell`` on the same problem (the dense mask's backward with each
+   dK/dV and dQ tile pair, the drop-in's own step and FlexAttention, and their kernels' times).
 """
 
 from __future__ import annotations
@@ -46,11 +49,13 @@ def forward_cell(p, D, dtype_name, flex) -> dict:
     for tiles in masked.MASK_FORWARD_TILES[D][1:4]:  # the dense kernel's other tiles (explicit tiles: Triton)
         calls[f"dense {tiles}"] = functools.partial(probe.ours, p, q, k, v, do, tiles)
     for name, config in CONFIGS.items():
-        on = patched(ours, masked, "GLUON_KEY_MASK_DIMS", (64, 128))
-        calls[name] = patched(on, masked, "GLUON_KEY_MASK", {**masked.GLUON_KEY_MASK, D: config})
+        for how, blocks in (("bytes", False), ("flags", True)):
+            on = patched(ours, masked, "GLUON_KEY_MASK_DIMS", (64, 128))
+            on = patched(on, masked, "GLUON_KEY_MASK_BLOCKS", blocks)
+            calls[f"{name} {how}"] = patched(on, masked, "GLUON_KEY_MASK", {**masked.GLUON_KEY_MASK, D: config})
     errors = {}
     dense = calls["dense"]()
-    for name in CONFIGS:
+    for name in [n for n in calls if n.endswith(("bytes", "flags"))]:
         try:
             errors[name] = rel_error(calls[name](), dense)
         except Exception as err:  # noqa: BLE001
@@ -72,11 +77,12 @@ def main():
     p = Problem("padding", 16384, B=4, lengths=padding_lengths(4, 16384))
     rows = {"forward": [], "training": []}
     save = functools.partial(json.dump, rows)
-    for dtype_name in ("float16", "bfloat16"):
-        rows["forward"].append(forward_cell(p, 64, dtype_name, flex))
-        with open(os.path.join(probe.OUT, "padding_tiles.json"), "w") as f:
-            save(f, indent=1)
-    for dtype_name in ("float16", "bfloat16"):
+    for D in (64, 128):
+        for dtype_name in ("float16", "bfloat16"):
+            rows["forward"].append(forward_cell(p, D, dtype_name, flex))
+            with open(os.path.join(probe.OUT, "padding_tiles.json"), "w") as f:
+                save(f, indent=1)
+    for dtype_name in ("float16", "bfloat16") if os.environ.get("PADDING_TILES_TRAINING") else ():
         rows["training"].append(backward_tiles.one_cell(p, 64, dtype_name, flex))
         with open(os.path.join(probe.OUT, "padding_tiles.json"), "w") as f:
             save(f, indent=1)
