@@ -76,8 +76,8 @@ GLUON_KEY_MASK_DIMS = (128,)
 # The same kernel reading only the partial key blocks' mask bytes (fast_gluon's KEY_MASK 2; the host flags each
 # block: masking_gluon.key_mask_blocks): a full block loads no mask bytes and selects nothing, and the kernel holds
 # fewer registers (compile_targets' sm_90 build with Triton 3.6, the H200's: fewer at D = 64 with one warpgroup,
-# far fewer spilled with three consumers). Written 2026-12-04 after the probe above and not yet run on a GPU: off until tests/test_masked_gluon.py
-# and tools/gpu/masks/padding_tiles.py have run it.
+# far fewer spilled with three consumers). Written 2026-12-04 after the probe above and not yet run on a GPU: off
+# until tests/test_masked_gluon.py and tools/gpu/masks/padding_tiles.py have run it.
 GLUON_KEY_MASK_BLOCKS = False
 FLOAT32_TILES = [(64, 32, 4, 2), (32, 32, 4, 2)]  # IEEE float32 on the CUDA cores: for checking, not speed
 INTERPRETER_TILES = (32, 32, 4, 1)  # small blocks: a test's few dozen keys still make several of them

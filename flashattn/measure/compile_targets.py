@@ -87,10 +87,10 @@ def _gluon_forward(where: device.Target, D: int, dtype: torch.dtype, config: dic
     kmask = torch.empty((B, N), dtype=torch.uint8)
     opts = fast_options.FastOptions(gluon=True, autotune=False, use_tma=True, **config)
     ws = opts.schedule != "single"
+    ends = torch.empty((B,) if key_mask == 1 else (B, 1 + N // opts.block_n), dtype=torch.int32)
     args = (descriptors.gluon_heads(q, opts.block_m, True), descriptors.gluon_heads(k, opts.block_n, True),
             descriptors.gluon_heads(v, opts.block_n, True), o, lse, N, B * H, H, *o.stride()[:3], 0.1,
-            255 if window else 0, *((kmask, torch.empty((B, 1 + N // opts.block_n)[:key_mask], dtype=torch.int32), N, 1)
-                                    if key_mask else (lse, lse, 0, 0)))
+            255 if window else 0, *((kmask, ends, N, 1) if key_mask else (lse, lse, 0, 0)))
     constexprs = dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=not key_mask,
                       WINDOW=window, KEY_MASK=key_mask, STORE_LSE=True, OVERLAP=True, WARP_SPECIALIZE=ws,
                       PERSISTENT=opts.schedule == "persistent", CONSUMERS=opts.consumers if ws else 2,
