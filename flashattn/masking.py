@@ -332,8 +332,6 @@ def _window_forward(q, k, v, spec: Spec, scale, options: dict):
 
 def _prepare_window_forward(q, k, v, spec: Spec, scale, options: dict):
     """:func:`_window_forward`'s ``(scale, run)`` for a new problem: the checks, the kernel, the Gluon launch bound."""
-    from flashattn.kernels import fast_gluon
-
     q4, k4, v4, checked = _check(q, k, v, spec, scale)
     _check_options(options)
     tiles = options.get("tiles")
@@ -344,8 +342,7 @@ def _prepare_window_forward(q, k, v, spec: Spec, scale, options: dict):
         return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
                 torch.empty(q.shape[:3], dtype=torch.float32, device=q.device))
 
-    launch = fast_gluon.bind(q, k, v, *outputs(q), True, checked, True,
-                             masked.gluon_window_options(q.dtype, q.shape[3]), left=min(spec.left, q.shape[2]))
+    launch = masking_gluon.bind_window(q, k, v, *outputs(q), min(spec.left, q.shape[2]), checked)
 
     def run(q, k, v):
         o, lse = outputs(q)

@@ -68,15 +68,21 @@ def key_mask_blocks(rows: torch.Tensor, ends: torch.Tensor, block_n: int) -> tor
 _RUNS: dict = {}  # a problem's bound Gluon launch (fast_gluon.bind), by launch_cache.problem_key
 
 
-def window_forward(q4, k4, v4, o4, lse3, left: int, scale: float) -> None:
-    """The Gluon window forward, its launch bound once per problem (shapes, strides, dtypes, alignment, window,
-    scale) as ``fast`` binds its own: a short window's kernel runs for about as long as a launch takes to prepare."""
+def bind_window(q4, k4, v4, o4, lse3, left: int, scale: float):
+    """The Gluon window forward's launch bound for these tensors' problem (``fast_gluon.bind``): ``run(q4, k4, v4,
+    o4, lse3)``."""
     from flashattn.kernels import fast_gluon
 
     opts = masked.gluon_window_options(q4.dtype, q4.shape[-1])
+    return fast_gluon.bind(q4, k4, v4, o4, lse3, True, scale, True, opts, left=left)
+
+
+def window_forward(q4, k4, v4, o4, lse3, left: int, scale: float) -> None:
+    """The Gluon window forward, its launch bound once per problem (shapes, strides, dtypes, alignment, window,
+    scale) as ``fast`` binds its own: a short window's kernel runs for about as long as a launch takes to prepare."""
+    opts = masked.gluon_window_options(q4.dtype, q4.shape[-1])
     key = launch_cache.problem_key((q4, k4, v4, o4, lse3), (left, scale, opts))
-    run = launch_cache.kept(_RUNS, key,
-                            lambda: fast_gluon.bind(q4, k4, v4, o4, lse3, True, scale, True, opts, left=left))
+    run = launch_cache.kept(_RUNS, key, lambda: bind_window(q4, k4, v4, o4, lse3, left, scale))
     run(q4, k4, v4, o4, lse3)
 
 

@@ -22,8 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import waves  # noqa: E402  (this folder's sweep of tiles × splits)
 
-# the last three (added 2026-12-04, not run yet): deeper pipelines and more warps, more loads in flight per program on
-# the 128-program grids where decode_vs_sdpa (after the read flush) still has SDPA 2-5 % ahead
+# the last three (added 2026-12-04): deeper pipelines and more warps, more loads in flight per program on the
+# 128-program grids where decode_vs_sdpa (after the read flush) still has SDPA 2-5 % ahead. Their run (2026-12-04
+# 15:34 UTC): none beat the default at 1k keys; at 4k (128, 4, 3) gained a point or two, still short of SDPA, so
+# decode_plan's tiles stay
 TILES = [(64, 4, 3), (64, 4, 2), (32, 4, 3), (32, 4, 2), (32, 4, 4), (128, 4, 2), (64, 8, 2), (128, 4, 3),
          (128, 4, 4), (128, 8, 3), (64, 4, 5)]
 # (B, Hkv, S, split choices)
