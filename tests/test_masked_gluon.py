@@ -125,11 +125,11 @@ def key_padding(lengths, N, device, holes=None):
 def test_which_masks_take_the_gluon_key_mask_kernel(monkeypatch):
     """Only a boolean mask that broadcasts over heads and queries ((B, 1, 1, S), as padding is given), causal or
     not, with as many keys as queries, one K/V head per query head, no explicit tiles and no counts, at a head
-    dimension in masked.GLUON_KEY_MASK_DIMS (by default 128 only); everything else takes the dense mask's Triton
+    dimension in masked.GLUON_KEY_MASK_DIMS (by default 64 and 128); everything else takes the dense mask's Triton
     kernel."""
     monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
     q128 = torch.randn(2, 4, 64, 128, dtype=torch.float16)
-    assert masked.GLUON_KEY_MASK_DIMS == (128,)
+    assert masked.GLUON_KEY_MASK_DIMS == (64, 128) and masked.GLUON_KEY_MASK_BLOCKS
     assert masking_gluon.takes_gluon_key_mask(q128, q128, q128, masking.Spec(-1, -1, False, mask=key_padding(
         (64, 10), 64, "cpu").expand(2, 4, 64, 64)), None, None)
     monkeypatch.setattr(masked, "GLUON_KEY_MASK_DIMS", (64, 128))
@@ -152,7 +152,7 @@ def test_which_masks_take_the_gluon_key_mask_kernel(monkeypatch):
                                                    spec(key_padding((32, 10), 32, "cpu"), S=32), None, None)),
                       ("no mask (a window)", (q, q, q, masking.Spec(31, 0, True), None, None))):
         assert not masking_gluon.takes_gluon_key_mask(*args), why
-    monkeypatch.setattr(masked, "GLUON_KEY_MASK_DIMS", (128,))  # the default: D = 64 takes the Triton kernel
+    monkeypatch.setattr(masked, "GLUON_KEY_MASK_DIMS", (128,))  # a head dimension not listed: the Triton kernel
     assert not masking_gluon.takes_gluon_key_mask(q, q, q, spec(pad), None, None)
 
 

@@ -83,8 +83,8 @@ def test_groups_of_a_run_and_the_rows_it_keeps(monkeypatch):
 
 def test_each_row_names_the_kernel_that_ran_its_forward(monkeypatch):
     """``ours_block`` follows masking's routing: on Hopper, at the head dimensions in GLUON_KEY_MASK_DIMS, a padding
-    mask runs the Gluon kernel (a program's rows against 128 keys); packed documents, padding at other head
-    dimensions, and every problem where Gluon is not available, the Triton kernel's first tiles."""
+    mask runs the Gluon kernel (a program's rows against 128 keys); packed documents, padding at a head dimension
+    not listed, and every problem where Gluon is not available, the Triton kernel's first tiles."""
     from flashattn import masking_gluon
     from flashattn.kernels import masked
 
@@ -92,11 +92,16 @@ def test_each_row_names_the_kernel_that_ran_its_forward(monkeypatch):
     docs = masks.Problem("documents", 256, lengths=(100, 156))
     for D, want_pad in ((64, "triton"), (128, "gluon")):
         q = torch.randn(2, 4, 256, D, dtype=torch.float16)
-        assert masks.ours_block(pad, q, q, q)[0] == "triton"  # no Gluon here
+        monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: False)  # not Hopper
+        assert masks.ours_block(pad, q, q, q)[0] == "triton"
         monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
+        monkeypatch.setattr(masked, "GLUON_KEY_MASK_DIMS", (128,))
         kernel, bm, bn = masks.ours_block(pad, q, q, q)
         assert kernel == want_pad, D
         assert (bm, bn) == ((128, 128) if want_pad == "gluon"
                             else masked.tiles_for(q.dtype, D, mask=torch.bool)[0][:2])
         assert masks.ours_block(docs, q[:1], q[:1], q[:1])[0] == "triton"
         monkeypatch.undo()
+    monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
+    q = torch.randn(2, 4, 256, 64, dtype=torch.float16)  # the default lists 64: three consumers of 64 rows each
+    assert masks.ours_block(pad, q, q, q) == ("gluon", 192, 128)

@@ -64,21 +64,18 @@ MASK_FORWARD_TILES = {
 GLUON_WINDOW = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="single"),
                 128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
 # A boolean key-padding mask ((B, 1, 1, S) broadcast: masking_gluon.takes_gluon_key_mask) on fast's Gluon kernel,
-# causal or not: FlashAttention-3's layout, a producer and 2 consumers, at the head dimensions in
-# GLUON_KEY_MASK_DIMS (the dense mask's Triton kernel elsewhere). tools/gpu/masks/key_mask.py and padding_tiles.py
-# (H200, 2026-12-04 15:28-15:34 UTC; masks_vs_flex's padding problem, B 4, 16 heads, N 16k, fp16 and bf16,
-# forward): at D = 128 FlexAttention's time over ours 1.23-1.25 (the Triton kernel 1.04-1.05); at D = 64 every
-# Gluon schedule tried was slower than the Triton kernel (0.87-0.93 against 0.95; three consumers 0.60-0.64), so
-# D = 64 stays on it. The D = 64 entry is kept for the tests and the probes, which put 64 in GLUON_KEY_MASK_DIMS.
-GLUON_KEY_MASK = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2),
+# causal or not, at the head dimensions in GLUON_KEY_MASK_DIMS (the dense mask's Triton kernel elsewhere), reading
+# only the partial key blocks' mask bytes (fast_gluon's KEY_MASK 2; the host flags each block:
+# masking_gluon.key_mask_blocks): a full block loads no mask bytes and selects nothing. tools/gpu/masks/padding_tiles.py
+# (H200, 2026-12-04 17:32 UTC; masks_vs_flex's padding problem, B 4, 16 heads, N 16k, fp16 and bf16, forward),
+# FlexAttention's time over ours: at D = 64 a producer and 3 consumers 1.23-1.25 (2 consumers 1.10-1.12, one
+# warpgroup 1.14-1.18, the Triton kernel 0.95-0.98); at D = 128 a producer and 2 consumers 1.37-1.41 (the Triton
+# kernel 1.04-1.05). Reading every block's bytes (GLUON_KEY_MASK_BLOCKS False, KEY_MASK 1) was slower at every
+# schedule: 0.91-0.92 at D = 64 (3 consumers 0.60-0.65: they spill), 1.24 at D = 128.
+GLUON_KEY_MASK = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=3),
                   128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
-GLUON_KEY_MASK_DIMS = (128,)
-# The same kernel reading only the partial key blocks' mask bytes (fast_gluon's KEY_MASK 2; the host flags each
-# block: masking_gluon.key_mask_blocks): a full block loads no mask bytes and selects nothing, and the kernel holds
-# fewer registers (compile_targets' sm_90 build with Triton 3.6, the H200's: fewer at D = 64 with one warpgroup,
-# far fewer spilled with three consumers). Written 2026-12-04 after the probe above and not yet run on a GPU: off
-# until tests/test_masked_gluon.py and tools/gpu/masks/padding_tiles.py have run it.
-GLUON_KEY_MASK_BLOCKS = False
+GLUON_KEY_MASK_DIMS = (64, 128)
+GLUON_KEY_MASK_BLOCKS = True
 FLOAT32_TILES = [(64, 32, 4, 2), (32, 32, 4, 2)]  # IEEE float32 on the CUDA cores: for checking, not speed
 INTERPRETER_TILES = (32, 32, 4, 1)  # small blocks: a test's few dozen keys still make several of them
 

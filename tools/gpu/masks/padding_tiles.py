@@ -1,5 +1,6 @@
 """GPU probe (issue 30): the padding cells of ``masks_vs_flex``, where the key-padding Gluon forward
-(``masked.GLUON_KEY_MASK``) lost to the dense mask's Triton kernel at D = 64 on its first run, on the H200.
+(``masked.GLUON_KEY_MASK``) lost to the dense mask's Triton kernel at D = 64 on its first run, on the H200 (it
+read every key block's mask bytes; reading only the partial blocks' won at both D on 2026-12-04, and is the default).
 
     python tools/gpu/masks/padding_tiles.py    # about 3 minutes; summary on stdout, $OUT/padding_tiles.json
     PADDING_TILES_TRAINING=1 python ...         # and part 2 (2.5 minutes more)
