@@ -173,6 +173,7 @@ def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
     (B, H, L, D), S = q4.shape, k4.shape[2]
     gluon = masking_gluon.takes_gluon_window(q4, k4, v4, spec, tiles, counts)
     key_mask = masking_gluon.takes_gluon_key_mask(q4, k4, v4, spec, tiles, counts)
+    documents = masking_gluon.takes_gluon_documents(q4, k4, v4, spec, tiles, counts)
     tiles = (_check_tiles("tiles", tiles) if tiles is not None
              else masked.tiles_for(q.dtype, D, mask=_mask_dtype(spec))[0])
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -191,6 +192,8 @@ def _forward(q, k, v, spec: Spec, scale: float, tiles, counts) -> tuple:
                               scale=scale, tiles=tiles, counts=found)
     elif gluon:
         masking_gluon.window_forward(q4, k4, v4, o4, lse3, min(spec.left, L), scale)  # wider than the sequence: causal
+    elif documents:
+        masking_gluon.documents_forward(q4, k4, v4, o4, lse3, spec, scale)
     else:
         docs = spec.cu_q.numel() - 1 if spec.packed else B
         found = None if counts is None else torch.zeros((H, docs, -(-(spec.max_q or L) // tiles[0]), 2),

@@ -1,8 +1,9 @@
 """Masked attention's forward on ``fast``'s Gluon kernel (Hopper; notebook 14): which problems take it, and their
 launches, bound once per problem. A causal sliding window runs the kernel's WINDOW (:func:`takes_gluon_window`,
 :func:`window_forward`); a (B, 1, 1, S) boolean key-padding mask its KEY_MASK (:func:`takes_gluon_key_mask`,
-:func:`key_mask_forward`), at the head dimensions in ``kernels.masked.GLUON_KEY_MASK_DIMS``. ``masking.py`` calls
-them; everything else runs the Triton kernels of ``kernels/masked.py``.
+:func:`key_mask_forward`), at the head dimensions in ``kernels.masked.GLUON_KEY_MASK_DIMS``; packed documents its
+DOCS (:func:`takes_gluon_documents`, :func:`documents_forward`), at those in ``GLUON_DOCUMENTS_DIMS``.
+``masking.py`` calls them; everything else runs the Triton kernels of ``kernels/masked.py``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,33 @@ def takes_gluon_key_mask(q4, k4, v4, spec, tiles, counts) -> bool:
             or mask.dtype != torch.bool or mask.stride(1) != 0 or mask.stride(2) != 0):
         return False
     return _gluon_problem(q4, k4, v4)
+
+
+def takes_gluon_documents(q4, k4, v4, spec, tiles, counts) -> bool:
+    """Whether the forward runs fast's Gluon kernel on packed documents (``fast_gluon.py``'s DOCS): one
+    ``cu_seqlens`` tensor for the queries and the keys (each document attends to itself), no window, causal or not,
+    at a head dimension in ``masked.GLUON_DOCUMENTS_DIMS``, on Hopper, 16-bit, one K/V head per query head, inputs
+    it reads in place, no explicit tiles and no counts."""
+    if (not spec.packed or spec.cu_q is not spec.cu_k or spec.left >= 0 or not (spec.causal or spec.right < 0)
+            or q4.shape[-1] not in masked.GLUON_DOCUMENTS_DIMS or tiles is not None or counts is not None
+            or q4.shape[2] == 0):
+        return False
+    return _gluon_problem(q4, k4, v4)
+
+
+def documents_forward(q4, k4, v4, o4, lse3, spec, scale: float) -> None:
+    """The Gluon forward on packed documents (:func:`takes_gluon_documents`), its launch bound once per problem (as
+    :func:`window_forward`); the block table (a tile per document and Q block) is built from the call's
+    ``cu_seqlens`` on the GPU, with no copy to the host."""
+    from flashattn.kernels import fast_gluon
+
+    opts = masked.gluon_documents_options(q4.dtype, q4.shape[-1], spec.causal)
+    docs = spec.cu_q.numel() - 1
+    table = masked.block_table(spec.cu_q, q4.shape[2], opts.consumers * opts.block_m, reverse=False)
+    key = launch_cache.problem_key((q4, k4, v4, o4, lse3, spec.cu_q, table), ("documents", spec.causal, scale, opts))
+    run = launch_cache.kept(_RUNS, key, lambda: fast_gluon.bind(q4, k4, v4, o4, lse3, spec.causal, scale, True, opts,
+                                                                docs=docs))
+    run(q4, k4, v4, o4, lse3, spec.cu_q, table)
 
 
 def key_mask_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,6 @@
-"""A causal sliding window through fast's Gluon kernel (``fast_gluon.py`` with WINDOW, Hopper only): which calls
-take it (on any machine), and on a Hopper GPU its output, log-sum-exp and gradients against float64."""
+"""Masked attention through fast's Gluon kernel (``fast_gluon.py``, Hopper only): a causal sliding window (its
+WINDOW), a key-padding mask (KEY_MASK) and packed documents (DOCS). Which calls take it (on any machine), and on a
+Hopper GPU its output, log-sum-exp and gradients against float64."""
 
 import pytest
 import torch
@@ -253,3 +254,75 @@ def test_gluon_key_padding_gradients_through_the_drop_in(dtype, monkeypatch):
     assert calls == [True]
     assert rel_error(out, ref_out.to(dtype)) < TOL[dtype]
     assert max(grad_errors([t.grad for t in leaves], ref_grads)) < TOL[dtype]
+
+
+# --- packed documents on the Gluon kernel (fast_gluon.py's DOCS; masked.GLUON_DOCUMENTS_DIMS) ----------------------
+
+def test_which_packed_documents_take_the_gluon_kernel(monkeypatch):
+    """Only packed documents with one cu_seqlens tensor for queries and keys (each document attends to itself), no
+    window, causal or not, at a head dimension in masked.GLUON_DOCUMENTS_DIMS (none by default: the kernel has not
+    run on a GPU yet), one K/V head per query head, no explicit tiles and no counts."""
+    monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
+    q = torch.randn(1, 4, 64, 128, dtype=torch.float16)
+    cu = torch.tensor([0, 20, 64], dtype=torch.int32)
+    docs = masking.Spec(-1, 0, True, cu, cu, 44, 44)
+    assert masked.GLUON_DOCUMENTS_DIMS == ()
+    assert not masking_gluon.takes_gluon_documents(q, q, q, docs, None, None)
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_DIMS", (64, 128))
+    assert masking_gluon.takes_gluon_documents(q, q, q, docs, None, None)
+    assert masking_gluon.takes_gluon_documents(q, q, q, masking.Spec(-1, -1, False, cu, cu, 44, 44), None, None)
+    for why, args in (("two cu_seqlens tensors", (q, q, q, masking.Spec(-1, 0, True, cu, cu.clone(), 44, 44), None,
+                                                  None)),
+                      ("a window", (q, q, q, masking.Spec(15, 0, True, cu, cu, 44, 44), None, None)),
+                      ("a right side", (q, q, q, masking.Spec(-1, 5, False, cu, cu, 44, 44), None, None)),
+                      ("explicit tiles", (q, q, q, docs, (64, 64, 4, 3), None)),
+                      ("counts asked for", (q, q, q, docs, None, {})),
+                      ("grouped K/V heads", (q, q[:, :2], q[:, :2], docs, None, None)),
+                      ("not packed", (q, q, q, masking.Spec(-1, 0, True), None, None))):
+        assert not masking_gluon.takes_gluon_documents(*args), why
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_DIMS", (64,))
+    assert not masking_gluon.takes_gluon_documents(q, q, q, docs, None, None)
+
+
+def _spy_documents(monkeypatch) -> list:
+    """The number of documents of each Gluon launch masking binds (None: not documents; none bound before)."""
+    from flashattn.kernels import fast_gluon
+
+    calls, bind = [], fast_gluon.bind
+    monkeypatch.setattr(masking_gluon, "_RUNS", {})
+    monkeypatch.setattr(fast_gluon, "bind", lambda *a, **kw: calls.append(kw.get("docs")) or bind(*a, **kw))
+    return calls
+
+
+@HOPPER
+@pytest.mark.parametrize("schedule", ["specialized", "persistent"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_gluon_documents_against_float64(dtype, D, schedule, monkeypatch):
+    """Packed documents of 1, 127, 128, 129, 0, 300 and 2000 rows (a tile of 128 rows ± 1, an empty one), 3 heads,
+    causal and not: output and log-sum-exp against float64 with the documents' dense mask; then the gradients
+    through ``attention_varlen`` (the Triton backward, from the Gluon forward's log-sum-exp)."""
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_DIMS", (64, 128))
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS", {**masked.GLUON_DOCUMENTS,
+                                                    D: dict(masked.GLUON_DOCUMENTS[D], schedule=schedule)})
+    calls = _spy_documents(monkeypatch)
+    gen = torch.Generator().manual_seed(D)
+    lengths = (1, 127, 128, 129, 0, 300, 2000)
+    total, cu = sum(lengths), mb.cu_seqlens(lengths, runtime.DEVICE)
+    q, k, v, do = (torch.randn(total, 3, D, generator=gen).to(runtime.DEVICE, dtype) for _ in range(4))
+    packed = [t.transpose(0, 1).unsqueeze(0) for t in (q, k, v, do)]  # (1, H, total, D) views
+    for causal in (True, False):
+        mask = mb.document_mask(lengths, causal=causal, device=runtime.DEVICE)
+        o, lse = masking.masked_forward(q, k, v, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2000,
+                                        max_seqlen_k=2000)
+        ref_out, ref_grads = torch_reference(*packed, mask)
+        assert rel_error(o, ref_out[0].transpose(0, 1).to(dtype)) < TOL[dtype], causal
+        s = (packed[0].double() @ packed[1].double().transpose(-1, -2) * D ** -0.5).masked_fill(~mask, float("-inf"))
+        assert rel_error(lse, torch.logsumexp(s, -1)[0].float()) < 1e-5, causal
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = flashattn.attention_varlen(*leaves, cu, cu, 2000, 2000, causal=causal)
+        out.backward(do)
+        assert rel_error(out, ref_out[0].transpose(0, 1).to(dtype)) < TOL[dtype], causal
+        grads = [t.grad.transpose(0, 1).unsqueeze(0) for t in leaves]
+        assert max(grad_errors(grads, ref_grads)) < TOL[dtype], causal
+    assert calls == [7, 7]  # one bind per problem: causal, then not

@@ -105,3 +105,7 @@ def test_each_row_names_the_kernel_that_ran_its_forward(monkeypatch):
     monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
     q = torch.randn(2, 4, 256, 64, dtype=torch.float16)  # the default lists 64: three consumers of 64 rows each
     assert masks.ours_block(pad, q, q, q) == ("gluon", 192, 128)
+    q = torch.randn(1, 4, 256, 128, dtype=torch.float16)
+    assert masks.ours_block(docs, q, q, q)[0] == "triton"  # packed documents: none by default
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_DIMS", (128,))
+    assert masks.ours_block(docs, q, q, q) == ("gluon", 128, 128)

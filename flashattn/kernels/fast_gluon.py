@@ -47,7 +47,7 @@ if not triton_compat.HAS_GLUON:  # fast then runs its Triton kernel (fast_option
 
 from . import descriptors  # noqa: E402
 from .constants import LN_2, LOG2_E  # noqa: E402
-from .fast_gluon_keys import _block_kind, _kept_keys, _key_mask  # noqa: E402
+from .fast_gluon_keys import _block_kind, _document, _kept_keys, _key_blocks, _key_mask, _m_tiles  # noqa: E402
 from .fast_options import WS_MAXNREG  # noqa: E402
 from .triton_compat import gl, gluon, mbarrier, tma_load, warpgroup_mma, warpgroup_mma_wait  # noqa: E402
 
@@ -222,10 +222,11 @@ def _attend_tile(qi, ring, refill, frees, c0, n_blocks, m0, N, qk_scale, n0, lef
 
 
 @gluon.jit
-def _store(acc, li, mi, O, LSE, o_head, stride_on, m0, bh, N, STORE_LSE: gl.constexpr, EMPTY: gl.constexpr):
-    """Normalize once and store rows ``m0 ..`` of the head that starts at ``O + o_head`` (through a row-major layout:
-    8 contiguous values per thread). EMPTY: a row may have kept no key (a key-padding mask); it stores 0 and the
-    log-sum-exp +inf, as the Triton masked kernels do (``masked._finish``), which the masked backward reads."""
+def _store(acc, li, mi, O, LSE, o_head, lse_head, stride_on, m0, N, STORE_LSE: gl.constexpr, EMPTY: gl.constexpr):
+    """Normalize once and store rows ``m0 ..`` (below N) of the sequence that starts at ``O + o_head`` and
+    ``LSE + lse_head`` (through a row-major layout: 8 contiguous values per thread). EMPTY: a row may have kept no
+    key (a key-padding mask); it stores 0 and the log-sum-exp +inf, as the Triton masked kernels do
+    (``masked._finish``), which the masked backward reads."""
     BLOCK_M: gl.constexpr = acc.shape[0]
     D: gl.constexpr = acc.shape[1]
     if EMPTY:
@@ -243,32 +244,16 @@ def _store(acc, li, mi, O, LSE, o_head, stride_on, m0, bh, N, STORE_LSE: gl.cons
         lse = (mi + gl.log2(li)) * LN_2
         if EMPTY:
             lse = gl.where(seen, lse, float("inf"))
-        gl.store(LSE + bh.to(gl.int64) * N + offs_m, lse, mask=offs_m < N)
+        gl.store(LSE + lse_head + offs_m, lse, mask=offs_m < N)
 
 
 @gluon.jit
-def _key_blocks(m0, N, left, kv_end, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                WINDOW: gl.constexpr, KEY_MASK: gl.constexpr):
-    """The key blocks rows ``m0 .. m0 + ROWS`` see, as (the first one's first key, how many): causal, up to the
-    diagonal; with a WINDOW, from the block of the first row's first key (``m0 - left``); with a KEY_MASK, none past
-    the batch's last kept key (``kv_end``), but at least one (the loop's first block is not conditional)."""
-    if CAUSAL:
-        end = gl.cdiv(gl.minimum(m0 + ROWS, N), BLOCK_N)
-    else:
-        end = gl.cdiv(N, BLOCK_N)
-    if KEY_MASK:
-        end = gl.maximum(gl.minimum(end, gl.cdiv(kv_end, BLOCK_N)), 1)
-    if WINDOW:
-        first = gl.maximum(m0 - left, 0) // BLOCK_N
-    else:
-        first = end * 0
-    return first * BLOCK_N, end - first
-
-
-@gluon.jit
-def _o_head(bh, H, stride_ob, stride_oh):
-    """The offset of head ``bh``'s first output row in O (any strides: O is a pointer)."""
-    return (bh // H).to(gl.int64) * stride_ob + (bh % H).to(gl.int64) * stride_oh
+def _o_head(bh, H, stride_ob, stride_oh, stride_on, q0, DOCS: gl.constexpr):
+    """The offset of head ``bh``'s first output row in O (any strides: O is a pointer); with DOCS, of its row q0."""
+    head = (bh // H).to(gl.int64) * stride_ob + (bh % H).to(gl.int64) * stride_oh
+    if DOCS:
+        head += q0.to(gl.int64) * stride_on
+    return head
 
 
 @gluon.jit
@@ -315,8 +300,8 @@ def _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_sc
         mbarrier.invalidate(k_ready.index(i))
         mbarrier.invalidate(v_ready.index(i))
 
-    _store(acc, li, mi, O, LSE, _o_head(pid_bh, H, stride_ob, stride_oh), stride_on, m0, pid_bh, N, STORE_LSE,
-           KEY_MASK)
+    _store(acc, li, mi, O, LSE, _o_head(pid_bh, H, stride_ob, stride_oh, stride_on, 0, False),
+           pid_bh.to(gl.int64) * N, stride_on, m0, N, STORE_LSE, KEY_MASK)
 
 
 @gluon.jit
@@ -331,12 +316,13 @@ def _tile(t, n_m, CAUSAL: gl.constexpr):
 
 @gluon.jit
 def _producer(io, smem, bars, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MASK: gl.constexpr,
-              HEADS_IN_COLUMNS: gl.constexpr):
+              DOCS: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
     """One warp: every TMA copy. It refills a slot as soon as every consumer has released it.
 
     ``io``: the descriptors Q, K, V, the outputs O and LSE, N, B·H, H, O's strides and the scale; ``smem``: the
     consumers' Q tiles and the K/V rings; ``bars``: their ready/empty barriers (see ``attn_kernel_gluon``)."""
-    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left, KMASK, KV_END, stride_kmb, stride_kmn = io
+    (Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left, KMASK, KV_END, stride_kmb, stride_kmn,
+     CU, TABLE, n_docs) = io
     q_tiles, k_ring, v_ring = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     CONSUMERS: gl.constexpr = q_tiles.shape[0]
@@ -344,19 +330,21 @@ def _producer(io, smem, bars, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MA
     D: gl.constexpr = q_tiles.shape[2]
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
-    n_m = gl.cdiv(N, CONSUMERS * BLOCK_M)
+    n_m = _m_tiles(N, n_docs, CONSUMERS * BLOCK_M, DOCS)
     it = 0  # tiles done by this program
     cnt = 0  # K/V blocks loaded by this program: the ring slot and its lap
     for t in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
         tm, bh = _tile(t, n_m, CAUSAL)
+        q0, n, _, tm = _document(CU, TABLE, tm, N, DOCS)
         row0, col = _head(bh, N, H, D, HEADS_IN_COLUMNS)
+        row0 = row0 + q0
         m0 = tm * CONSUMERS * BLOCK_M
         for c in gl.static_range(CONSUMERS):  # each consumer's Q tile, once it has let go of the last one
             mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)  # (a fresh barrier passes a wait on parity 1)
             mbarrier.expect(q_ready.index(c), Q.block_type.nbytes)
             tma_load(Q, [row0 + m0 + c * BLOCK_M, col], q_ready.index(c), q_tiles.index(c))
         _, kv_end = _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, bh, H, N, BLOCK_N, KEY_MASK)
-        n0, n_blocks = _key_blocks(m0, N, left, kv_end, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL, WINDOW, KEY_MASK)
+        n0, n_blocks = _key_blocks(m0, n, left, kv_end, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL, WINDOW, KEY_MASK)
         for j in range(n_blocks):
             slot = cnt % STAGES
             lap = (cnt // STAGES) & 1
@@ -372,40 +360,44 @@ def _producer(io, smem, bars, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MA
 
 @gluon.jit
 def _consumer(io, smem, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MASK: gl.constexpr,
-              STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr):
+              DOCS: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr):
     """Warpgroup ``WG``: rows ``WG·BLOCK_M ..`` of each tile, the loop of ``_attend_tile`` on the producer's
     rings (``io``, ``smem``, ``bars`` as for ``_producer``)."""
-    Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left, KMASK, KV_END, stride_kmb, stride_kmn = io
+    (Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left, KMASK, KV_END, stride_kmb, stride_kmn,
+     CU, TABLE, n_docs) = io
     q_tiles, k_ring, v_ring = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     CONSUMERS: gl.constexpr = q_tiles.shape[0]
     BLOCK_M: gl.constexpr = q_tiles.shape[1]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     qi = q_tiles.index(WG)
-    n_m = gl.cdiv(N, CONSUMERS * BLOCK_M)
+    n_m = _m_tiles(N, n_docs, CONSUMERS * BLOCK_M, DOCS)
     it = 0
     cnt = 0
     for t in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
         tm, bh = _tile(t, n_m, CAUSAL)
+        q0, n, n_store, tm = _document(CU, TABLE, tm, N, DOCS)
         m0 = (tm * CONSUMERS + WG) * BLOCK_M
         # the producer's blocks (every consumer reads each of them)
         kmask, kv_end = _key_mask(KMASK, KV_END, stride_kmb, stride_kmn, bh, H, N, BLOCK_N, KEY_MASK)
-        n0, n_blocks = _key_blocks(tm * CONSUMERS * BLOCK_M, N, left, kv_end, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL,
+        n0, n_blocks = _key_blocks(tm * CONSUMERS * BLOCK_M, n, left, kv_end, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL,
                                    WINDOW, KEY_MASK)
         mbarrier.wait(q_ready.index(WG), it & 1)
         acc, li, mi = _attend_tile(qi, (k_ring, v_ring, k_ready, v_ready), None,
-                                   (k_empty, v_empty, q_empty.index(WG)), cnt, n_blocks, m0, N, qk_scale, n0, left,
+                                   (k_empty, v_empty, q_empty.index(WG)), cnt, n_blocks, m0, n, qk_scale, n0, left,
                                    kmask, CAUSAL, WINDOW, KEY_MASK, OVERLAP)
-        _store(acc, li, mi, O, LSE, _o_head(bh, H, stride_ob, stride_oh), stride_on, m0, bh, N, STORE_LSE, KEY_MASK)
+        _store(acc, li, mi, O, LSE, _o_head(bh, H, stride_ob, stride_oh, stride_on, q0, DOCS),
+               bh.to(gl.int64) * N + q0, stride_on, m0, n_store, STORE_LSE, KEY_MASK)
         cnt += n_blocks
         it += 1
 
 
 @gluon.jit
 def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left,
-                      KMASK, KV_END, stride_kmb, stride_kmn,
+                      KMASK, KV_END, stride_kmb, stride_kmn, CU, TABLE, n_docs,
                       D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MASK: gl.constexpr, STORE_LSE: gl.constexpr,
+                      CAUSAL: gl.constexpr, WINDOW: gl.constexpr, KEY_MASK: gl.constexpr, DOCS: gl.constexpr,
+                      STORE_LSE: gl.constexpr,
                       OVERLAP: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, PERSISTENT: gl.constexpr,
                       CONSUMERS: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
     """Without WARP_SPECIALIZE: a (Q block, batch·head) grid, one warpgroup per program (``_one_warpgroup``).
@@ -417,7 +409,9 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on
     take part where the key-padding mask ``KMASK`` (bytes; batch b's row at ``b·stride_kmb``, key n at
     ``n·stride_kmn``) is nonzero, and the blocks past its last kept key + 1 (``KV_END``: :func:`_key_mask`) are not
     loaded; KEY_MASK 1 reads every block's mask bytes, 2 only those of the blocks KV_END flags partial. A row that
-    keeps no key stores 0 and the log-sum-exp +inf (``masking.py``'s padding masks)."""
+    keeps no key stores 0 and the log-sum-exp +inf (``masking.py``'s padding masks). DOCS (warp-specialized only):
+    B = 1 and the N rows are packed documents, document d at rows CU[d] .. CU[d + 1] (``n_docs`` of them), each
+    attended as a sequence of its own; TABLE lists each tile's (document, Q block) (``fast_gluon_keys._document``)."""
     if not WARP_SPECIALIZE:
         _one_warpgroup(Q, K, V, O, LSE, N, H, stride_ob, stride_oh, stride_on, qk_scale, left, KMASK, KV_END,
                        stride_kmb, stride_kmn, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, KEY_MASK, STORE_LSE,
@@ -444,7 +438,7 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on
         # The partitions' arguments, grouped (runtime values only: a tuple assigned to a name would turn
         # constexprs into tensors, so those are passed one by one below).
         io = (Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on, qk_scale, left, KMASK, KV_END, stride_kmb,
-              stride_kmn)
+              stride_kmn, CU, TABLE, n_docs)
         smem = (q_tiles, k_ring, v_ring)
         bars = (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
         # The partitions: consumer 0 (the default partition: this program's own 4 warps), the other consumers
@@ -453,36 +447,44 @@ def attn_kernel_gluon(Q, K, V, O, LSE, N, BH, H, stride_ob, stride_oh, stride_on
         # the SM's 65536 at launch), 160 each for three (4 warpgroups x 128 x 128); the producer keeps 24.
         CONSUMER_REGS: gl.constexpr = 240 if CONSUMERS == 2 else 160
         gl.warp_specialize(
-            [(_consumer, (io, smem, bars, role, CAUSAL, WINDOW, KEY_MASK, STORE_LSE, OVERLAP)) if role < CONSUMERS
-             else (_producer, (io, smem, bars, CAUSAL, WINDOW, KEY_MASK, HEADS_IN_COLUMNS))
+            [(_consumer, (io, smem, bars, role, CAUSAL, WINDOW, KEY_MASK, DOCS, STORE_LSE, OVERLAP))
+             if role < CONSUMERS else (_producer, (io, smem, bars, CAUSAL, WINDOW, KEY_MASK, DOCS, HEADS_IN_COLUMNS))
              for role in (0, 1, 2, 3)[:CONSUMERS + 1]],  # roles 0 .. CONSUMERS - 1 consume, the last produces
             [4] * (CONSUMERS - 1) + [1],  # warps of each partition after the default one
             [CONSUMER_REGS] * (CONSUMERS - 1) + [24])
 
 
-def grid(N: int, BH: int, opts) -> tuple:
+def grid(N: int, BH: int, opts, docs: int | None = None) -> tuple:
     """Single warpgroups: a (Q block, batch·head) grid. Specialized: one program per tile of consumers·block_m
-    rows (1-D). Persistent: at most one program per SM, each looping over tiles."""
+    rows (1-D; ``docs`` packed documents: per head, the block table's entries). Persistent: at most one program per
+    SM, each looping over tiles."""
     if opts.schedule == "single":
         return (triton.cdiv(N, opts.block_m), BH)
-    tiles = triton.cdiv(N, opts.consumers * opts.block_m) * BH
+    rows = opts.consumers * opts.block_m
+    tiles = (triton.cdiv(N, rows) if docs is None else N // rows + docs) * BH
     if opts.schedule == "specialized":
         return (tiles,)
     return (min(tiles, device.sm_count()),)
 
 
-def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts, left: int = -1, key_mask=None):
+def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts, left: int = -1, key_mask=None,
+         docs: int | None = None):
     """:func:`launch`'s work done once for a problem: a function ``run(q, k, v, o, lse)`` for tensors with these
     shapes, strides, dtypes, devices and alignment (``fast.py`` keys its prepared problems so), which makes the
     descriptors from templates and calls the compiled kernel directly (``launch_cache.bind``). ``left`` >= 0 (with
     ``causal``): a sliding window, query i seeing keys i - left .. i. ``key_mask``: a key-padding mask, as
     ``(kmask, kv_end)``: a (B, S) uint8 view (nonzero: the key takes part) and each batch's last kept key + 1, int32
     (B,), or (B, 1 + S / block_n) with each block's flag after it (:func:`_key_mask`); then ``run(q, k, v, o, lse,
-    kmask, kv_end)`` takes the call's own, with the strides of these."""
+    kmask, kv_end)`` takes the call's own, with the strides of these. ``docs``: the N rows (B = 1) are that many
+    packed documents; then ``run(q, k, v, o, lse, cu, table)`` takes their int32 offsets (docs + 1,) and block table
+    (``masked.block_table`` with the program's rows, not reversed), on a warp-specialized schedule only."""
     B, H, N, D = q.shape
     window = left >= 0
     if window and not causal:
         raise ValueError("fast_gluon: a window (left >= 0) is causal here (query i sees keys i - left .. i)")
+    if docs is not None and (B != 1 or window or key_mask is not None or opts.schedule == "single" or docs < 1):
+        raise ValueError("fast_gluon: packed documents take B = 1, no window and no key mask, on a warp-specialized "
+                         f"schedule (got B = {B}, left = {left}, schedule {opts.schedule!r}, {docs} documents)")
     if key_mask is not None:
         kmask, kv_end = key_mask
         mode = 2 if kv_end.dim() == 2 else 1
@@ -503,20 +505,25 @@ def bind(q, k, v, o, lse, causal: bool, scale: float, return_lse: bool, opts, le
                  descriptors.gluon_heads(k, opts.block_n, in_columns),
                  descriptors.gluon_heads(v, opts.block_n, in_columns))
     kernel = launch_cache.bind(
-        attn_kernel_gluon, grid(N, B * H, opts),
+        attn_kernel_gluon, grid(N, B * H, opts, docs),
         dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=causal, WINDOW=window,
-             KEY_MASK=0 if key_mask is None else mode, STORE_LSE=return_lse, OVERLAP=opts.overlap, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
+             KEY_MASK=0 if key_mask is None else mode, DOCS=docs is not None, STORE_LSE=return_lse,
+             OVERLAP=opts.overlap, WARP_SPECIALIZE=ws, PERSISTENT=opts.schedule == "persistent",
              CONSUMERS=opts.consumers if ws else 2, HEADS_IN_COLUMNS=in_columns),
         num_warps=opts.num_warps, **({"maxnreg": WS_MAXNREG[opts.consumers]} if ws else {}))
     tail = (N, B * H, H, o.stride(0), o.stride(1), o.stride(2), scale * LOG2_E.value, max(left, 0))
     tq, tk, tv = (descriptors.rebase(t, None) for t in templates)  # kept without the first call's tensors
     rebase = descriptors.rebase
-    if key_mask is None:
-        def run(q, k, v, o, lse):
-            kernel(rebase(tq, q), rebase(tk, k), rebase(tv, v), o, lse, *tail, lse, lse, 0, 0)  # (no mask: unused)
+    if docs is not None:
+        def run(q, k, v, o, lse, cu, table):
+            kernel(rebase(tq, q), rebase(tk, k), rebase(tv, v), o, lse, *tail, lse, lse, 0, 0, cu, table, docs)
+    elif key_mask is None:
+        def run(q, k, v, o, lse):  # (no mask, no documents: those arguments unused)
+            kernel(rebase(tq, q), rebase(tk, k), rebase(tv, v), o, lse, *tail, lse, lse, 0, 0, lse, lse, 0)
     else:
         def run(q, k, v, o, lse, kmask, kv_end):
-            kernel(rebase(tq, q), rebase(tk, k), rebase(tv, v), o, lse, *tail, kmask, kv_end, *mask_strides)
+            kernel(rebase(tq, q), rebase(tk, k), rebase(tv, v), o, lse, *tail, kmask, kv_end, *mask_strides, lse, lse,
+                   0)
 
     return run
 

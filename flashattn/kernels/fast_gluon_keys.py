@@ -1,5 +1,11 @@
-"""The key-padding mask of ``fast_gluon.py``'s forward (its KEY_MASK; ``masking_gluon.py`` decides when it runs):
-where a program finds its batch's row of the mask, and what it loads of it for each key block.
+"""Which rows and keys a tile of ``fast_gluon.py``'s forward covers (``masking_gluon.py`` decides when each of
+these runs): the key blocks a tile sees (causal, a window, a key-padding mask's last kept key); with DOCS, the
+packed document a tile belongs to; with KEY_MASK, where a program finds its batch's row of a key-padding mask, and
+what it loads of it for each key block.
+
+DOCS (packed documents, ``flash_attn_varlen_func``'s layout) makes each document a sequence of its own: a tile's
+rows and keys are those of one document, found from a block table that lists (document, Q block) for each tile
+(``masked.block_table``), so the loop, its masks and the store are the ones of a whole sequence of that length.
 
 KEY_MASK 1 loads every block's mask bytes (one per key) and masks the scores with them. KEY_MASK 2 first loads
 one flag per block, which the host computed (``masking_gluon.key_mask_blocks``): 1 where some key of the block is
@@ -15,6 +21,51 @@ if not triton_compat.HAS_GLUON:
     raise ImportError(f"Triton's Gluon is incomplete here: {triton_compat.MISSING}")
 
 from .triton_compat import gl, gluon  # noqa: E402
+
+
+@gluon.jit
+def _m_tiles(N, n_docs, ROWS: gl.constexpr, DOCS: gl.constexpr):
+    """How many tiles of ROWS rows a head has: over the whole sequence, or with DOCS the block table's entries
+    (``N // ROWS + n_docs``: every document starts a tile; the entries past the last tile are marked -1)."""
+    if DOCS:
+        return N // ROWS + n_docs
+    else:
+        return gl.cdiv(N, ROWS)
+
+
+@gluon.jit
+def _document(CU, TABLE, tm, N, DOCS: gl.constexpr):
+    """Tile ``tm`` of a head -> (its sequence's first row, the rows its loop sees, the rows it stores, its Q block in
+    that sequence). Without DOCS, the whole sequence: (0, N, N, tm). With DOCS, entry ``tm`` of TABLE, (document
+    d, block): the rows CU[d] .. CU[d + 1]. An entry past the last tile (d = -1) runs one key block of the first
+    document and stores nothing, so that a program's producer and consumers still go through the same tiles."""
+    if DOCS:
+        doc = gl.load(TABLE + 2 * tm)
+        valid = doc >= 0
+        q0 = gl.load(CU + gl.maximum(doc, 0))
+        n = gl.load(CU + gl.maximum(doc, 0) + 1) - q0
+        return q0, gl.where(valid, n, 1), gl.where(valid, n, 0), gl.where(valid, gl.load(TABLE + 2 * tm + 1), 0)
+    else:
+        return 0, N, N, tm
+
+
+@gluon.jit
+def _key_blocks(m0, N, left, kv_end, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                WINDOW: gl.constexpr, KEY_MASK: gl.constexpr):
+    """The key blocks rows ``m0 .. m0 + ROWS`` see, as (the first one's first key, how many): causal, up to the
+    diagonal; with a WINDOW, from the block of the first row's first key (``m0 - left``); with a KEY_MASK, none past
+    the batch's last kept key (``kv_end``), but at least one (the loop's first block is not conditional)."""
+    if CAUSAL:
+        end = gl.cdiv(gl.minimum(m0 + ROWS, N), BLOCK_N)
+    else:
+        end = gl.cdiv(N, BLOCK_N)
+    if KEY_MASK:
+        end = gl.maximum(gl.minimum(end, gl.cdiv(kv_end, BLOCK_N)), 1)
+    if WINDOW:
+        first = gl.maximum(m0 - left, 0) // BLOCK_N
+    else:
+        first = end * 0
+    return first * BLOCK_N, end - first
 
 
 @gluon.jit

@@ -76,6 +76,14 @@ GLUON_KEY_MASK = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, s
                   128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
 GLUON_KEY_MASK_DIMS = (64, 128)
 GLUON_KEY_MASK_BLOCKS = True
+# Packed documents (attention_varlen with one cu_seqlens for queries and keys, no window) on fast's Gluon kernel
+# (its DOCS: each document a sequence of its own, a tile per (document, Q block) from block_table), at the head
+# dimensions in GLUON_DOCUMENTS_DIMS. Written 2026-12-04, after masks_vs_flex's documents at D = 128 fwd+bwd came
+# to 0.99-1.00x FlexAttention with the Triton forward (1.12-1.13x forward alone), and not yet run on a GPU: none
+# until tests/test_masked_gluon.py and tools/gpu/masks/gluon_documents.py have run it.
+GLUON_DOCUMENTS = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2),
+                   128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
+GLUON_DOCUMENTS_DIMS = ()
 FLOAT32_TILES = [(64, 32, 4, 2), (32, 32, 4, 2)]  # IEEE float32 on the CUDA cores: for checking, not speed
 INTERPRETER_TILES = (32, 32, 4, 1)  # small blocks: a test's few dozen keys still make several of them
 
@@ -116,6 +124,14 @@ def gluon_key_mask_options(dtype: torch.dtype, D: int, causal: bool, options: di
     return resolve(dtype, D, causal, {"gluon": True, **(options or GLUON_KEY_MASK[D])})
 
 
+def gluon_documents_options(dtype: torch.dtype, D: int, causal: bool, options: dict | None = None):
+    """The ``fast_options.FastOptions`` packed documents run the Gluon kernel with (:data:`GLUON_DOCUMENTS`, or
+    ``options`` in its place)."""
+    from .fast_options import resolve
+
+    return resolve(dtype, D, causal, {"gluon": True, **(options or GLUON_DOCUMENTS[D])})
+
+
 def gluon_window_block(dtype: torch.dtype, D: int, options: dict | None = None) -> tuple[int, int]:
     """(rows, keys) of the tiles the Gluon window kernel computes: a program's rows (its consumers' block_m each)
     against one key block; every consumer goes through every key block its program's rows see."""
@@ -123,10 +139,10 @@ def gluon_window_block(dtype: torch.dtype, D: int, options: dict | None = None) 
     return opts.block_m * (1 if opts.schedule == "single" else opts.consumers), opts.block_n
 
 
-def gluon_key_mask_block(D: int) -> tuple[int, int]:
+def gluon_key_mask_block(D: int, table: dict | None = None) -> tuple[int, int]:
     """(rows, keys) of the tiles the Gluon key-padding kernel computes (:data:`GLUON_KEY_MASK`'s, as
-    :func:`gluon_window_block`)."""
-    c = GLUON_KEY_MASK[D]
+    :func:`gluon_window_block`); ``table``: another kernel's (:data:`GLUON_DOCUMENTS`)."""
+    c = (table or GLUON_KEY_MASK)[D]
     return c["block_m"] * (1 if c["schedule"] == "single" else c["consumers"]), c["block_n"]
 
 

@@ -78,9 +78,10 @@ def _qkv_columns(D: int, dtype: torch.dtype):
 
 
 def _gluon_forward(where: device.Target, D: int, dtype: torch.dtype, config: dict, window: bool = False,
-                   key_mask: int = 0):
+                   key_mask: int = 0, docs: bool = False):
     """fast's Gluon forward, causal; ``window``: with a sliding window, ``key_mask`` (1 or 2, fast_gluon's KEY_MASK):
-    not causal, with a key-padding mask (masked attention's paths on Hopper)."""
+    not causal, with a key-padding mask; ``docs``: causal in each of 9 packed documents (masked attention's paths on
+    Hopper)."""
     from flashattn.kernels import descriptors, fast_gluon
 
     q, k, v, o, lse = _qkv_columns(D, dtype)  # a model's (B, N, H, D) layout, the kernel's other addressing
@@ -90,9 +91,11 @@ def _gluon_forward(where: device.Target, D: int, dtype: torch.dtype, config: dic
     ends = torch.empty((B,) if key_mask == 1 else (B, 1 + N // opts.block_n), dtype=torch.int32)
     args = (descriptors.gluon_heads(q, opts.block_m, True), descriptors.gluon_heads(k, opts.block_n, True),
             descriptors.gluon_heads(v, opts.block_n, True), o, lse, N, B * H, H, *o.stride()[:3], 0.1,
-            255 if window else 0, *((kmask, ends, N, 1) if key_mask else (lse, lse, 0, 0)))
+            255 if window else 0, *((kmask, ends, N, 1) if key_mask else (lse, lse, 0, 0)),
+            *((torch.empty(10, dtype=torch.int32), torch.empty((N + 9, 2), dtype=torch.int32), 9) if docs
+              else (lse, lse, 0)))
     constexprs = dict(D=D, BLOCK_M=opts.block_m, BLOCK_N=opts.block_n, STAGES=opts.num_stages, CAUSAL=not key_mask,
-                      WINDOW=window, KEY_MASK=key_mask, STORE_LSE=True, OVERLAP=True, WARP_SPECIALIZE=ws,
+                      WINDOW=window, KEY_MASK=key_mask, DOCS=docs, STORE_LSE=True, OVERLAP=True, WARP_SPECIALIZE=ws,
                       PERSISTENT=opts.schedule == "persistent", CONSUMERS=opts.consumers if ws else 2,
                       HEADS_IN_COLUMNS=True)
     options = dict(num_warps=opts.num_warps, maxnreg=fast_options.WS_MAXNREG[opts.consumers] if ws else None)
@@ -285,6 +288,10 @@ def _cases(where: device.Target) -> list[Case]:
                         out.append(Case(f"masked key-padding forward (Gluon, KEY_MASK {mode})", t,
                                         f"{dtype} D={D} {config['schedule']} {tuple(config[k] for k in TILE_KEYS)}",
                                         _bind(_gluon_forward, where, D, dtype, config, False, mode)))
+                    config = dict(masked.GLUON_DOCUMENTS[D], maxnreg=None)  # packed documents' Gluon kernel
+                    out.append(Case("masked documents forward (Gluon)", t, f"{dtype} D={D} {config['schedule']} "
+                                    f"{tuple(config[k] for k in TILE_KEYS)}",
+                                    _bind(_gluon_forward, where, D, dtype, config, False, 0, True)))
         for dtype in (torch.float16, torch.float32):
             for D in teaching_d:
                 for variant in ("v2", "v2_kt", "v2_padded"):

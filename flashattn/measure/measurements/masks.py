@@ -127,8 +127,9 @@ def mask_dtype(p: Problem):
 
 
 def ours_block(p: Problem, q, k, v) -> tuple[str, int, int]:
-    """Which kernel runs our forward on these inputs ("gluon": ``masking_gluon.takes_gluon_window``'s windows and
-    ``takes_gluon_key_mask``'s padding; else "triton") and the (rows, keys) of the tiles it computes."""
+    """Which kernel runs our forward on these inputs ("gluon": ``masking_gluon.takes_gluon_window``'s windows,
+    ``takes_gluon_key_mask``'s padding and ``takes_gluon_documents``' documents; else "triton") and the (rows, keys)
+    of the tiles it computes."""
     dtype, D = q.dtype, q.shape[-1]
     window = masking.Spec(p.window - 1, 0, True) if p.kind == "window" else None
     if window is not None and masking_gluon.takes_gluon_window(q, k, v, window, None, None):
@@ -137,6 +138,11 @@ def ours_block(p: Problem, q, k, v) -> tuple[str, int, int]:
         padding = masking.Spec(-1, -1, False, mask=dense_mask(p, q.device).expand(p.B, q.shape[1], p.N, p.N))
         if masking_gluon.takes_gluon_key_mask(q, k, v, padding, None, None):
             return ("gluon", *masked.gluon_key_mask_block(D))
+    if p.kind == "documents":
+        cu = mask_blocks.cu_seqlens(p.lengths, q.device)
+        docs = masking.Spec(-1, 0, True, cu, cu, max(p.lengths), max(p.lengths))
+        if masking_gluon.takes_gluon_documents(q, k, v, docs, None, None):
+            return ("gluon", *masked.gluon_key_mask_block(D, masked.GLUON_DOCUMENTS))
     return ("triton", *masked.tiles_for(dtype, D, mask=mask_dtype(p))[0][:2])
 
 
