@@ -216,10 +216,16 @@ def _backward_tiles(q, spec: Spec, dkdv_tiles, dq_tiles) -> tuple:
 
 
 def _backward(q, k, v, o, lse, do, spec: Spec, scale: float, dkdv_tiles, dq_tiles, counts) -> tuple:
+    explicit = dkdv_tiles if dkdv_tiles is not None else dq_tiles
     dkdv_tiles, dq_tiles = _backward_tiles(q, spec, dkdv_tiles, dq_tiles)
     if do.stride(-1) != 1:  # the kernels read dO through its strides; rows of it they read whole
         do = do.contiguous()
     q4, k4, v4 = _as_4d(q, k, v, spec)
+    if spec.packed and masking_gluon.takes_gluon_documents_backward(q4, k4, v4, _packed_view(do), spec, explicit,
+                                                                    counts):
+        grads = masking_gluon.documents_backward(q4, k4, v4, _packed_view(o), lse.unsqueeze(0), _packed_view(do),
+                                                 spec, scale)
+        return tuple(g[0].transpose(0, 1) for g in grads)  # (total, H, D), as the inputs
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if spec.packed:
         do4, lse3 = _packed_view(do), lse.unsqueeze(0)

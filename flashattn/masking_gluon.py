@@ -49,16 +49,28 @@ def takes_gluon_key_mask(q4, k4, v4, spec, tiles, counts) -> bool:
     return _gluon_problem(q4, k4, v4)
 
 
-def takes_gluon_documents(q4, k4, v4, spec, tiles, counts) -> bool:
+def takes_gluon_documents(q4, k4, v4, spec, tiles, counts, dims=None) -> bool:
     """Whether the forward runs fast's Gluon kernel on packed documents (``fast_gluon.py``'s DOCS): one
     ``cu_seqlens`` tensor for the queries and the keys (each document attends to itself), no window, causal or not,
-    at a head dimension in ``masked.GLUON_DOCUMENTS_DIMS``, on Hopper, 16-bit, one K/V head per query head, inputs
-    it reads in place, no explicit tiles and no counts."""
+    at a head dimension in ``masked.GLUON_DOCUMENTS_DIMS`` (or ``dims``), on Hopper, 16-bit, one K/V head per query
+    head, inputs it reads in place, no explicit tiles and no counts."""
     if (not spec.packed or spec.cu_q is not spec.cu_k or spec.left >= 0 or not (spec.causal or spec.right < 0)
-            or q4.shape[-1] not in masked.GLUON_DOCUMENTS_DIMS or tiles is not None or counts is not None
-            or q4.shape[2] == 0):
+            or q4.shape[-1] not in (masked.GLUON_DOCUMENTS_DIMS if dims is None else dims) or tiles is not None
+            or counts is not None or q4.shape[2] == 0):
         return False
     return _gluon_problem(q4, k4, v4)
+
+
+def takes_gluon_documents_backward(q4, k4, v4, do4, spec, tiles, counts) -> bool:
+    """Whether the backward of packed documents runs the fast backward's Gluon kernel (``fast_backward_gluon.py``'s
+    DOCS): the problems :func:`takes_gluon_documents` takes, at a head dimension in
+    ``masked.GLUON_DOCUMENTS_BACKWARD_DIMS``, dO read in place too; ``tiles``: the caller's explicit ones, if any."""
+    from flashattn.kernels import triton_compat
+    from flashattn.kernels.descriptors import heads_in_columns
+
+    return (triton_compat.HAS_GLUON_BACKWARD
+            and takes_gluon_documents(q4, k4, v4, spec, tiles, counts, masked.GLUON_DOCUMENTS_BACKWARD_DIMS)
+            and heads_in_columns(q4, k4, v4, do4) is not None)
 
 
 def documents_forward(q4, k4, v4, o4, lse3, spec, scale: float) -> None:
@@ -74,6 +86,25 @@ def documents_forward(q4, k4, v4, o4, lse3, spec, scale: float) -> None:
     run = launch_cache.kept(_RUNS, key, lambda: fast_gluon.bind(q4, k4, v4, o4, lse3, spec.causal, scale, True, opts,
                                                                 docs=docs))
     run(q4, k4, v4, o4, lse3, spec.cu_q, table)
+
+
+def documents_backward(q4, k4, v4, o4, lse3, do4, spec, scale: float) -> tuple:
+    """dq, dk, dv of packed documents (:func:`takes_gluon_documents_backward`) as (1, H, total, D) views laid out
+    as the inputs, by the Gluon backward (its launch bound once per problem), delta and dQ's sums beside it as
+    ``fast_backward`` makes them."""
+    from flashattn.kernels import fast_backward
+    from flashattn.kernels import fast_backward_gluon as fbg
+
+    if lse3.data_ptr() % 16 or not lse3.is_contiguous():  # TMA reads it in rows of 16 bytes
+        lse3 = lse3.clone(memory_format=torch.contiguous_format)
+    table = masked.block_table(spec.cu_q, q4.shape[2], fbg.BLOCK_N.value, reverse=False)
+    delta = fast_backward.delta_rows(o4, do4)
+    key = launch_cache.problem_key((q4, k4, v4, lse3, do4, delta, spec.cu_q, table),
+                                   ("documents backward", spec.causal, scale))
+    run = launch_cache.kept(_RUNS, key, lambda: fbg.bind(q4, k4, v4, lse3, do4, delta, causal=spec.causal,
+                                                         scale=scale, docs=spec.cu_q.numel() - 1))
+    dq_acc, dk4, dv4 = run(q4, k4, v4, lse3, do4, delta, None, spec.cu_q, table)
+    return fast_backward.finish_dq(dq_acc, q4.dtype, scale), dk4, dv4
 
 
 def key_mask_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

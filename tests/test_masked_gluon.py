@@ -326,3 +326,54 @@ def test_gluon_documents_against_float64(dtype, D, schedule, monkeypatch):
         grads = [t.grad.transpose(0, 1).unsqueeze(0) for t in leaves]
         assert max(grad_errors(grads, ref_grads)) < TOL[dtype], causal
     assert calls == [7, 7]  # one bind per problem: causal, then not
+
+
+def test_which_packed_documents_take_the_gluon_backward(monkeypatch):
+    """The backward takes the Gluon kernel where the forward would (its own switch:
+    masked.GLUON_DOCUMENTS_BACKWARD_DIMS, none by default) and dO is read in place too."""
+    monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
+    q = torch.randn(1, 4, 64, 128, dtype=torch.float16)
+    cu = torch.tensor([0, 20, 64], dtype=torch.int32)
+    docs = masking.Spec(-1, 0, True, cu, cu, 44, 44)
+    assert masked.GLUON_DOCUMENTS_BACKWARD_DIMS == ()
+    assert not masking_gluon.takes_gluon_documents_backward(q, q, q, q, docs, None, None)
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_BACKWARD_DIMS", (128,))
+    assert masking_gluon.takes_gluon_documents_backward(q, q, q, q, docs, None, None)
+    wide = torch.randn(1, 4, 64, 256, dtype=torch.float16)[..., :128]  # rows 512 bytes apart: no layout it reads
+    for why, args in (("a dO it cannot read in place", (q, q, q, wide, docs, None, None)),
+                      ("explicit tiles", (q, q, q, q, docs, (64, 64, 4, 3), None)),
+                      ("two cu_seqlens tensors", (q, q, q, q, masking.Spec(-1, 0, True, cu, cu.clone(), 44, 44), None,
+                                                  None)),
+                      ("a window", (q, q, q, q, masking.Spec(15, 0, True, cu, cu, 44, 44), None, None))):
+        assert not masking_gluon.takes_gluon_documents_backward(*args), why
+
+
+@HOPPER
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_gluon_documents_backward_against_float64(dtype, D, monkeypatch):
+    """Both directions of packed documents on the Gluon kernels (documents of 1, 127, 128, 129, 0, 300 and 2000
+    rows: key tiles of 128 ± 1, an empty one), causal and not, through ``attention_varlen``: output and gradients
+    against float64. One bind of each kernel per problem."""
+    from flashattn.kernels import fast_backward_gluon as fbg
+
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_DIMS", (64, 128))
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_BACKWARD_DIMS", (64, 128))
+    forward = _spy_documents(monkeypatch)
+    backward, bind = [], fbg.bind
+    monkeypatch.setattr(fbg, "bind", lambda *a, **kw: backward.append(kw.get("docs")) or bind(*a, **kw))
+    gen = torch.Generator().manual_seed(D + 1)
+    lengths = (1, 127, 128, 129, 0, 300, 2000)
+    total, cu = sum(lengths), mb.cu_seqlens(lengths, runtime.DEVICE)
+    q, k, v, do = (torch.randn(total, 3, D, generator=gen).to(runtime.DEVICE, dtype) for _ in range(4))
+    packed = [t.transpose(0, 1).unsqueeze(0) for t in (q, k, v, do)]  # (1, H, total, D) views
+    for causal in (True, False):
+        ref_out, ref_grads = torch_reference(*packed, mb.document_mask(lengths, causal=causal, device=runtime.DEVICE))
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = flashattn.attention_varlen(*leaves, cu, cu, 2000, 2000, causal=causal)
+        out.backward(do)
+        assert rel_error(out, ref_out[0].transpose(0, 1).to(dtype)) < TOL[dtype], causal
+        grads = [t.grad.transpose(0, 1).unsqueeze(0) for t in leaves]
+        assert all(g.is_contiguous() for g in (t.grad for t in leaves))
+        assert max(grad_errors(grads, ref_grads)) < TOL[dtype], causal
+    assert forward == [7, 7] and backward == [7, 7]

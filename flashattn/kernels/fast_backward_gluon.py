@@ -35,7 +35,9 @@ whose turn it is). ``setmaxnreg`` gives the consumers 240 registers per thread, 
 ``tma.store_wait(0)`` before it writes its dQ tile again waits for its own add, issued two blocks earlier.
 
 Hopper only (``wgmma``), 16-bit inputs, D = 64 or 128, as many keys as queries, one K/V head per query head,
-N a multiple of 128; ``fast_backward.attention_backward_fast`` runs the Triton kernels everywhere else.
+N a multiple of 128; ``fast_backward.attention_backward_fast`` runs the Triton kernels everywhere else. With DOCS
+(masked attention's packed documents, ``masking_gluon.documents_backward``) each document of any length is a
+sequence of its own: a program per (document, key tile) from a block table, the document's ragged end masked.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ if not triton_compat.HAS_GLUON_BACKWARD:  # the fast backward then runs its Trit
 from . import descriptors  # noqa: E402
 from .constants import LOG2_E  # noqa: E402
 from .fast_gluon import DTYPES, _head, _mma_layout  # noqa: E402
+from .fast_gluon_keys import _document  # noqa: E402
 from .triton_compat import (  # noqa: E402
     fence_async_shared,
     gl,
@@ -73,18 +76,30 @@ MAXNREG = 168  # at launch: 3 warpgroups' worth of the register file; setmaxnreg
 
 
 @gluon.jit
-def _producer(Q, K, V, DO, LSE, DELTA, N, H, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, kv_ready,
-              qdo_ready, qdo_empty, CAUSAL: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
-    start_n = gl.program_id(0) * BLOCK_N
+def _q_blocks(n, lo, DOCS: gl.constexpr):
+    """How many Q blocks of BLOCK_M rows the loop goes through, from row ``lo`` to the sequence's end ``n``: a
+    multiple of BLOCK_N rows (:func:`applies`), or with DOCS a document of any length, its last block ragged."""
+    if DOCS:
+        return gl.cdiv(n - lo, BLOCK_M)
+    else:
+        return (n - lo) // BLOCK_M
+
+
+@gluon.jit
+def _producer(Q, K, V, DO, LSE, DELTA, N, H, CU, TABLE, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring,
+              kv_ready, qdo_ready, qdo_empty, CAUSAL: gl.constexpr, DOCS: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
+    q0, _, n, blk = _document(CU, TABLE, gl.program_id(0), N, DOCS)  # DOCS: a document's key block (n = 0: none)
+    start_n = blk * BLOCK_N
     bh = gl.program_id(1)
     D: gl.constexpr = k_tile.shape[1]
     row0, col = _head(bh, N, H, D, HEADS_IN_COLUMNS)  # the head in the descriptors' matrices (fast_gluon._head)
+    row0 = row0 + q0
     lo = start_n if CAUSAL else 0  # query m sees key n iff n <= m: earlier Q blocks see none of this tile
     STAGES: gl.constexpr = q_ring.shape[0]
     mbarrier.expect(kv_ready, K.block_type.nbytes + V.block_type.nbytes)
     tma_load(K, [row0 + start_n, col], kv_ready, k_tile)
     tma_load(V, [row0 + start_n, col], kv_ready, v_tile)
-    for i in range((N - lo) // BLOCK_M):
+    for i in range(_q_blocks(n, lo, DOCS)):
         s = i % STAGES
         start_m = lo + i * BLOCK_M
         mbarrier.wait(qdo_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes a wait on parity 1
@@ -92,13 +107,14 @@ def _producer(Q, K, V, DO, LSE, DELTA, N, H, k_tile, v_tile, q_ring, do_ring, ls
         mbarrier.expect(bar, Q.block_type.nbytes + DO.block_type.nbytes + 2 * LSE.block_type.nbytes)
         tma_load(Q, [row0 + start_m, col], bar, q_ring.index(s))
         tma_load(DO, [row0 + start_m, col], bar, do_ring.index(s))
-        tma_load(LSE, [bh * N + start_m], bar, lse_ring.index(s))  # the block's rows of lse and delta ride along
-        tma_load(DELTA, [bh * N + start_m], bar, delta_ring.index(s))
+        tma_load(LSE, [bh * N + q0 + start_m], bar, lse_ring.index(s))  # the block's rows of lse and delta ride along
+        tma_load(DELTA, [bh * N + q0 + start_m], bar, delta_ring.index(s))
 
 
 @gluon.jit
-def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
-    DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale = io
+def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, DOCS: gl.constexpr,
+              HEADS_IN_COLUMNS: gl.constexpr):
+    DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale, CU, TABLE = io
     k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ds_tiles, dq_tiles = tiles
     kv_ready, qdo_ready, qdo_empty, ds_ready, ds_empty = bars
     D: gl.constexpr = k_tile.shape[1]
@@ -110,9 +126,11 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, HEADS_IN_
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query of the block: lse_i, delta_i
 
-    start_n = gl.program_id(0) * BLOCK_N
+    q0, _, n, blk = _document(CU, TABLE, gl.program_id(0), N, DOCS)
+    start_n = blk * BLOCK_N
     bh = gl.program_id(1)
     row0, col = _head(bh, N, H, D, HEADS_IN_COLUMNS)  # dQ's float32 sums are laid out as Q
+    row0 = row0 + q0
     lo = start_n if CAUSAL else 0
     kj = k_tile.slice(WG * HALF, HALF)
     vj = v_tile.slice(WG * HALF, HALF)
@@ -123,7 +141,7 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, HEADS_IN_
     dkj = gl.zeros([HALF, D], gl.float32, layout=acc_layout)
     dvj = gl.zeros([HALF, D], gl.float32, layout=acc_layout)
     mbarrier.wait(kv_ready, 0)
-    for i in range((N - lo) // BLOCK_M):
+    for i in range(_q_blocks(n, lo, DOCS)):
         s = i % STAGES
         start_m = lo + i * BLOCK_M
         mbarrier.wait(qdo_ready.index(s), (i // STAGES) & 1)
@@ -134,7 +152,14 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, HEADS_IN_
         lse_i = lse_ring.index(s).load(row_layout) * LOG2_E
         sijT = warpgroup_mma_wait(1, deps=[sijT])  # the scores are in; dpijT may still be running
         pijT = gl.exp2(sijT * qk_scale - lse_i[None, :])
-        if CAUSAL:
+        if DOCS:  # and where the document ends: the next one's keys and queries (in the tiles) take no part
+            if (start_m + BLOCK_M > n) or (start_n + BLOCK_N > n) or (CAUSAL and start_m < start_n + BLOCK_N):
+                offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+                keep = (offs_n[:, None] < n) & (offs_m[None, :] < n)
+                if CAUSAL:
+                    keep = keep & (offs_n[:, None] <= offs_m[None, :])
+                pijT = gl.where(keep, pijT, 0.0)
+        elif CAUSAL:
             if start_m < start_n + BLOCK_N:  # the blocks on the diagonal
                 offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
                 pijT = gl.where(offs_n[:, None] <= offs_m[None, :], pijT, 0.0)
@@ -164,16 +189,25 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, HEADS_IN_
     offs_o = start_n + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
     head = (bh // H).to(gl.int64) * stride_kb + (bh % H).to(gl.int64) * stride_kh  # dK, dV: any strides, the last 1
+    if DOCS:
+        head += q0.to(gl.int64) * stride_kn
     o_ptrs = head + offs_o.to(gl.int64)[:, None] * stride_kn + offs_d[None, :]
-    gl.store(DK + o_ptrs, (dkj * scale).to(dtype))  # from the accumulators' layout: no shared memory for a change
-    gl.store(DV + o_ptrs, dvj.to(dtype))
+    if DOCS:  # not the next document's rows
+        gl.store(DK + o_ptrs, (dkj * scale).to(dtype), mask=offs_o[:, None] < n)
+        gl.store(DV + o_ptrs, dvj.to(dtype), mask=offs_o[:, None] < n)
+    else:
+        gl.store(DK + o_ptrs, (dkj * scale).to(dtype))  # from the accumulators' layout: no shared memory for a change
+        gl.store(DV + o_ptrs, dvj.to(dtype))
 
 
 @gluon.jit
 def bwd_kernel_gluon(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale,
-                     D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
+                     CU, TABLE, D: gl.constexpr, CAUSAL: gl.constexpr, DOCS: gl.constexpr, STAGES: gl.constexpr,
+                     HEADS_IN_COLUMNS: gl.constexpr):
     """Grid (N // BLOCK_N, B·H): one program per 128 keys of one head. The descriptors of Q, K, V, dO and dQ's sums lay
-    the heads out as HEADS_IN_COLUMNS says (``fast_gluon._head``); dK and dV share the strides ``stride_k*``."""
+    the heads out as HEADS_IN_COLUMNS says (``fast_gluon._head``); dK and dV share the strides ``stride_k*``.
+    DOCS: B = 1 and the N rows are packed documents (rows CU[d] .. CU[d + 1]), each a sequence of its own; the grid
+    is (the block table's entries, H), TABLE listing each program's (document, key block) (``fast_gluon_keys``)."""
     dtype: gl.constexpr = Q.dtype
     k_tile = gl.allocate_shared_memory(dtype, [BLOCK_N, D], K.layout)
     v_tile = gl.allocate_shared_memory(dtype, [BLOCK_N, D], V.layout)
@@ -196,13 +230,14 @@ def bwd_kernel_gluon(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, N, H, stride_kb, s
     for b in gl.static_range(2):
         mbarrier.init(ds_ready.index(b), count=2)  # both halves written
         mbarrier.init(ds_empty.index(b), count=1)  # read by the warpgroup whose turn it was
-    io = (DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale)
+    io = (DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale, CU, TABLE)
     tiles = (k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ds_tiles, dq_tiles)
     bars = (kv_ready, qdo_ready, qdo_empty, ds_ready, ds_empty)
-    gl.warp_specialize([(_consumer, (io, tiles, bars, 0, CAUSAL, HEADS_IN_COLUMNS)),
-                        (_consumer, (io, tiles, bars, 1, CAUSAL, HEADS_IN_COLUMNS)),
-                        (_producer, (Q, K, V, DO, LSE, DELTA, N, H, k_tile, v_tile, q_ring, do_ring, lse_ring,
-                                     delta_ring, kv_ready, qdo_ready, qdo_empty, CAUSAL, HEADS_IN_COLUMNS))],
+    gl.warp_specialize([(_consumer, (io, tiles, bars, 0, CAUSAL, DOCS, HEADS_IN_COLUMNS)),
+                        (_consumer, (io, tiles, bars, 1, CAUSAL, DOCS, HEADS_IN_COLUMNS)),
+                        (_producer, (Q, K, V, DO, LSE, DELTA, N, H, CU, TABLE, k_tile, v_tile, q_ring, do_ring,
+                                     lse_ring, delta_ring, kv_ready, qdo_ready, qdo_empty, CAUSAL, DOCS,
+                                     HEADS_IN_COLUMNS))],
                        [4, 1], [240, 24])
 
 
@@ -223,12 +258,16 @@ def applies(q, k, causal: bool) -> str | None:
     return None
 
 
-def bind(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | None = None):
+def bind(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | None = None, docs: int | None = None):
     """:func:`attention_backward_gluon` for one problem (shapes, strides, dtypes, alignment), bound: a function
     ``run(q, k, v, lse, do, delta, dq_acc=None) -> (dq_acc, dk, dv)`` that makes the descriptors from templates and
     calls the compiled kernel directly after its first call (``launch_cache.bind``). ``dq_acc``: dQ's float32 sums,
-    zeroed, laid out as the inputs (``fast_backward`` has ``bwd_preprocess_fast`` zero them); None: made here."""
+    zeroed, laid out as the inputs (``fast_backward`` has ``bwd_preprocess_fast`` zero them); None: made here.
+    ``docs``: the N rows (B = 1) are that many packed documents, of any lengths; ``run`` then also takes their int32
+    offsets ``cu`` (docs + 1,) and block table ``table`` (``masked.block_table`` of BLOCK_N keys, not reversed)."""
     B, H, N, D = q.shape
+    if docs is not None and (B != 1 or docs < 1):
+        raise ValueError(f"fast backward (Gluon): packed documents take B = 1 (got {B}) and at least one document")
     in_columns = descriptors.heads_in_columns(q, k, v, do)
     if in_columns is None:
         raise ValueError("fast backward (Gluon): q, k, v and do must be contiguous or (B, N, H, D) views alike, "
@@ -249,18 +288,21 @@ def bind(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | N
                  descriptors.gluon_vector(lse, bm), descriptors.gluon_vector(delta, bm),
                  descriptors.gluon_heads(dq_acc, bm, in_columns))
     templates = tuple(descriptors.rebase(t, None) for t in templates)  # kept without the first call's tensors
-    kernel = launch_cache.bind(bwd_kernel_gluon, (N // BLOCK_N.value, B * H),
-                               dict(D=D, CAUSAL=causal, STAGES=stages or STAGES[D], HEADS_IN_COLUMNS=in_columns),
+    programs = N // BLOCK_N.value if docs is None else N // BLOCK_N.value + docs
+    kernel = launch_cache.bind(bwd_kernel_gluon, (programs, B * H),
+                               dict(D=D, CAUSAL=causal, DOCS=docs is not None, STAGES=stages or STAGES[D],
+                                    HEADS_IN_COLUMNS=in_columns),
                                num_warps=4, maxnreg=MAXNREG)
     tail = (N, H, dk.stride(0), dk.stride(1), dk.stride(2), scale * LOG2_E.value, scale)
     rebase = descriptors.rebase
 
-    def run(q, k, v, lse, do, delta, dq_acc=None):
+    def run(q, k, v, lse, do, delta, dq_acc=None, cu=None, table=None):
         if dq_acc is None:
             dq_acc = new(torch.float32, zero=True)
         dk, dv = new(k.dtype), new(v.dtype)
         tensors = (q, k, v, do, lse, delta, dq_acc)
-        kernel(*(rebase(t, x) for t, x in zip(templates, tensors, strict=True)), dk, dv, *tail)
+        kernel(*(rebase(t, x) for t, x in zip(templates, tensors, strict=True)), dk, dv, *tail,
+               *((dk, dk) if docs is None else (cu, table)))  # (without documents: unused)
         return dq_acc, dk, dv
 
     return run

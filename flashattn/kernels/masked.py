@@ -84,6 +84,11 @@ GLUON_KEY_MASK_BLOCKS = True
 GLUON_DOCUMENTS = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2),
                    128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
 GLUON_DOCUMENTS_DIMS = ()
+# Their backward on fast's Gluon backward kernel (fast_backward_gluon.py's DOCS: a program per document and key
+# block, the ragged ends masked), at the head dimensions in GLUON_DOCUMENTS_BACKWARD_DIMS: written the same day, after
+# tools/gpu/masks/docs_backward.py (2026-12-03) put the gap to FlexAttention in the two Triton backward kernels (1.53
+# ms against its 1.44); not yet run on a GPU either.
+GLUON_DOCUMENTS_BACKWARD_DIMS = ()
 FLOAT32_TILES = [(64, 32, 4, 2), (32, 32, 4, 2)]  # IEEE float32 on the CUDA cores: for checking, not speed
 INTERPRETER_TILES = (32, 32, 4, 1)  # small blocks: a test's few dozen keys still make several of them
 

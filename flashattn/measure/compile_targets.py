@@ -127,7 +127,8 @@ def _fast_backward(where: device.Target, kernel: str, D: int, dtype: torch.dtype
     return fn, args, constexprs, dict(num_warps=warps, num_stages=stages), estimate
 
 
-def _gluon_backward(D: int, dtype: torch.dtype):
+def _gluon_backward(D: int, dtype: torch.dtype, docs: bool = False):
+    """The fast backward's Gluon kernel, causal; ``docs``: in each of 9 packed documents (masked attention's)."""
     from flashattn.kernels import descriptors
     from flashattn.kernels import fast_backward_gluon as fbg
 
@@ -137,9 +138,11 @@ def _gluon_backward(D: int, dtype: torch.dtype):
     dk = torch.empty_like(k)
     args = (descriptors.gluon_rows(q, bm), descriptors.gluon_rows(k, bn), descriptors.gluon_rows(v, bn),
             descriptors.gluon_rows(o, bm), descriptors.gluon_vector(lse, bm), descriptors.gluon_vector(lse, bm),
-            descriptors.gluon_rows(dq_acc, bm), dk, torch.empty_like(v), N, H, *dk.stride()[:3], 0.1, 0.1)
-    return (fbg.bwd_kernel_gluon, args, dict(D=D, CAUSAL=True, STAGES=fbg.STAGES[D], HEADS_IN_COLUMNS=False),
-            dict(num_warps=4, maxnreg=fbg.MAXNREG), None)
+            descriptors.gluon_rows(dq_acc, bm), dk, torch.empty_like(v), N, H, *dk.stride()[:3], 0.1, 0.1,
+            *((torch.empty(10, dtype=torch.int32), torch.empty((N // bn + 9, 2), dtype=torch.int32)) if docs
+              else (dk, dk)))
+    return (fbg.bwd_kernel_gluon, args, dict(D=D, CAUSAL=True, DOCS=docs, STAGES=fbg.STAGES[D],
+                                             HEADS_IN_COLUMNS=False), dict(num_warps=4, maxnreg=fbg.MAXNREG), None)
 
 
 def _v2(where: device.Target, variant: str, D: int, dtype: torch.dtype):
@@ -279,6 +282,8 @@ def _cases(where: device.Target) -> list[Case]:
                                         f"{tuple(config[k] for k in TILE_KEYS)}",
                                         _bind(_gluon_forward, where, D, dtype, config)))
                     out.append(Case("fast backward (Gluon)", t, f"{dtype} D={D}", _bind(_gluon_backward, D, dtype)))
+                    out.append(Case("masked documents backward (Gluon)", t, f"{dtype} D={D}",
+                                    _bind(_gluon_backward, D, dtype, True)))
                     config = dict(masked.GLUON_WINDOW[D], maxnreg=None)  # a sliding window's Gluon kernel
                     out.append(Case("masked window forward (Gluon)", t, f"{dtype} D={D} {config['schedule']} "
                                     f"{tuple(config[k] for k in TILE_KEYS)}",

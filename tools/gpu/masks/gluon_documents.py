@@ -1,13 +1,15 @@
-"""GPU probe (issue 30): packed documents on fast's Gluon kernel (``fast_gluon.py``'s DOCS, written 2026-12-04 and
-off until this has run: ``masked.GLUON_DOCUMENTS_DIMS``), at the documents cells of ``masks_vs_flex``, on the H200.
+"""GPU probe (issue 30): packed documents on the Gluon kernels (``fast_gluon.py``'s and ``fast_backward_gluon.py``'s
+DOCS, written 2026-12-04 and off until this has run), at the documents cells of ``masks_vs_flex``, on the H200.
 
     python tools/gpu/masks/gluon_documents.py    # about 4 minutes; summary on stdout, $OUT/gluon_documents.json
 
 For each cell (documents of random lengths filling N = 16k and 64k, 16 heads), D = 64 and 128, fp16 and bf16:
 the Gluon forward with each schedule of ``CONFIGS``, its output against the Triton kernel's (relative error) and
-its log-sum-exp too; then, in interleaved rounds, the forward, and forward + backward (the drop-in's step, as
-``masks_vs_flex`` times it: ``attention_varlen`` on packed leaves), with the Triton forward and with each Gluon
-schedule, beside FlexAttention.
+its log-sum-exp too, and the Gluon backward's gradients (``fast_backward_gluon.py``'s DOCS,
+``masked.GLUON_DOCUMENTS_BACKWARD_DIMS``) against the Triton kernels'; then, in interleaved rounds, the forward, and
+forward + backward (the drop-in's step, as ``masks_vs_flex`` times it: ``attention_varlen`` on packed leaves),
+with the Triton forward and with each Gluon schedule, each with the Triton backward, and the Gluon backward after
+the Triton forward and after the default Gluon one, beside FlexAttention.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ CONFIGS = {
 }
 
 
-def with_gluon(fn, D: int, config: dict | None):
-    """``fn`` with the documents on the Gluon kernel in ``config`` (None: on the Triton kernel)."""
+def with_gluon(fn, D: int, config: dict | None, backward: bool = False):
+    """``fn`` with the documents' forward on the Gluon kernel in ``config`` (None: on the Triton kernel), and their
+    backward on the Gluon backward kernel (``backward``) or the Triton ones."""
     from flashattn.kernels import masked
 
+    fn = patched(fn, masked, "GLUON_DOCUMENTS_BACKWARD_DIMS", (D,) if backward else ())
     if config is None:
         return patched(fn, masked, "GLUON_DOCUMENTS_DIMS", ())
     on = patched(fn, masked, "GLUON_DOCUMENTS_DIMS", (D,))
@@ -50,14 +54,25 @@ def one_cell(p, D, dtype_name, flex) -> dict:
     args = [masks.packed(t).contiguous() for t in (q, k, v)]
     kw = dict(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
     o_t, lse_t = with_gluon(lambda: masking.masked_forward(*args, **kw), D, None)()
+    do_p = masks.packed(do).contiguous()
+    grads_t = with_gluon(lambda: masking.masked_backward(*args, o_t, lse_t, do_p, **kw), D, None)()
+    try:  # the Gluon backward's gradients against the Triton kernels' (from the same forward)
+        grads_g = with_gluon(lambda: masking.masked_backward(*args, o_t, lse_t, do_p, **kw), D, None, True)()
+        grad_errors = [rel_error(g, t) for g, t in zip(grads_g, grads_t, strict=True)]
+    except Exception as err:  # noqa: BLE001
+        grad_errors = f"{type(err).__name__}: {str(err)[:300]}"
     row = {"cell": p.label, "D": D, "dtype": dtype_name, "rel_error_vs_triton": {}, "lse_vs_triton": {}, "ms": {},
-           "forward_kernel": with_gluon(lambda: masks.ours_block(p, q, k, v), D, CONFIGS["specialized 2"])()}
+           "forward_kernel": with_gluon(lambda: masks.ours_block(p, q, k, v), D, CONFIGS["specialized 2"])(),
+           "grads_gluon_bwd_vs_triton": grad_errors}
     fns = masks.kernels(p, runtime.DEVICE, state, mods, compiled)
     for training in (False, True):
         step = "fwd+bwd" if training else "fwd"
         ours = masks.timed(fns["ours"], q, k, v, do, training=training, packed_args=True)
         calls = {f"flex {step}": masks.timed(fns["flex"], q, k, v, do, training=training),
                  f"triton {step}": with_gluon(ours, D, None)}
+        if training:  # the Gluon backward, after the Triton forward and after the default Gluon one
+            calls[f"triton+gluon-bwd {step}"] = with_gluon(ours, D, None, backward=True)
+            calls[f"specialized 2+gluon-bwd {step}"] = with_gluon(ours, D, CONFIGS["specialized 2"], backward=True)
         for name, config in configs.items():
             calls[f"{name} {step}"] = with_gluon(ours, D, config)
             if training:
@@ -74,7 +89,8 @@ def one_cell(p, D, dtype_name, flex) -> dict:
     row["vs_flex"] = {name: row["ms"][f"flex {name.split()[-1]}"] / t for name, t in row["ms"].items()
                       if f"flex {name.split()[-1]}" in row["ms"]}  # (FlexAttention's backward: not on a CPU)
     backward_tiles.log(f"{p.label} D={D} {dtype_name}: forward {row['forward_kernel']}, errors "
-                       f"{row['rel_error_vs_triton']}, lse {row['lse_vs_triton']}; " +
+                       f"{row['rel_error_vs_triton']}, lse {row['lse_vs_triton']}, Gluon backward's gradients "
+                       f"{grad_errors}; " +
                        "; ".join(f"{n} {t:.3f} ms (x flex {row['vs_flex'].get(n, float('nan')):.3f})"
                                  for n, t in row["ms"].items()))
     return row
