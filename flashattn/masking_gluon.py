@@ -1,9 +1,11 @@
-"""Masked attention's forward on ``fast``'s Gluon kernel (Hopper; notebook 14): which problems take it, and their
-launches, bound once per problem. A causal sliding window runs the kernel's WINDOW (:func:`takes_gluon_window`,
-:func:`window_forward`); a (B, 1, 1, S) boolean key-padding mask its KEY_MASK (:func:`takes_gluon_key_mask`,
-:func:`key_mask_forward`), at the head dimensions in ``kernels.masked.GLUON_KEY_MASK_DIMS``; packed documents its
-DOCS (:func:`takes_gluon_documents`, :func:`documents_forward`), at those in ``GLUON_DOCUMENTS_DIMS``.
-``masking.py`` calls them; everything else runs the Triton kernels of ``kernels/masked.py``.
+"""Masked attention on the Gluon kernels (Hopper; notebook 14): which problems take them, and their launches, bound
+once per problem. The forward runs ``fast``'s Gluon kernel: a causal sliding window its WINDOW
+(:func:`takes_gluon_window`, :func:`window_forward`); a (B, 1, 1, S) boolean key-padding mask its KEY_MASK
+(:func:`takes_gluon_key_mask`, :func:`key_mask_forward`), at the head dimensions in
+``kernels.masked.GLUON_KEY_MASK_DIMS``; packed documents its DOCS (:func:`takes_gluon_documents`,
+:func:`documents_forward`), at those in ``GLUON_DOCUMENTS_DIMS``, and their backward the fast backward's Gluon
+kernel (:func:`documents_backward`, at ``GLUON_DOCUMENTS_BACKWARD_DIMS``). ``masking.py`` calls them; everything
+else runs the Triton kernels of ``kernels/masked.py`` and ``masked_backward.py``.
 """
 
 from __future__ import annotations
