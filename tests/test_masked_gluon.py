@@ -377,3 +377,21 @@ def test_gluon_documents_backward_against_float64(dtype, D, monkeypatch):
         assert all(g.is_contiguous() for g in (t.grad for t in leaves))
         assert max(grad_errors(grads, ref_grads)) < TOL[dtype], causal
     assert forward == [7, 7] and backward == [7, 7]
+
+
+def test_the_gluon_kernels_refuse_documents_they_cannot_run():
+    """Packed documents are one (1, H, total, D) sequence: both kernels refuse B > 1 by name, the forward also a
+    window and a schedule without warp specialization (before anything reaches a GPU)."""
+    from flashattn.kernels import fast_backward_gluon, fast_gluon
+
+    q = torch.randn(2, 4, 64, 64, dtype=torch.float16)
+    lse = q[..., 0].float()
+    opts = fast_options.FastOptions(gluon=True, autotune=False, use_tma=True, **masked.GLUON_DOCUMENTS[64])
+    single = fast_options.FastOptions(gluon=True, autotune=False, use_tma=True, **masked.GLUON_WINDOW[64])
+    for named, args, kw in (("got B = 2", (q, q, q, q, lse, True, 0.1, True, opts), {}),
+                            ("left = 5", (q[:1], q[:1], q[:1], q[:1], lse[:1], True, 0.1, True, opts), dict(left=5)),
+                            ("schedule 'single'", (q[:1], q[:1], q[:1], q[:1], lse[:1], True, 0.1, True, single), {})):
+        with pytest.raises(ValueError, match=f"packed documents take B = 1.*{named}"):
+            fast_gluon.bind(*args, docs=3, **kw)
+    with pytest.raises(ValueError, match=r"packed documents take B = 1 \(got 2\)"):
+        fast_backward_gluon.bind(q, q, q, lse, q, lse, causal=True, scale=0.1, docs=3)
