@@ -83,8 +83,9 @@ def test_groups_of_a_run_and_the_rows_it_keeps(monkeypatch):
 
 def test_each_row_names_the_kernel_that_ran_its_forward(monkeypatch):
     """``ours_block`` follows masking's routing: on Hopper, at the head dimensions in GLUON_KEY_MASK_DIMS, a padding
-    mask runs the Gluon kernel (a program's rows against 128 keys); packed documents, padding at a head dimension
-    not listed, and every problem where Gluon is not available, the Triton kernel's first tiles."""
+    mask runs the Gluon kernel (a program's rows against 128 keys), and so do packed documents at the head
+    dimensions in GLUON_DOCUMENTS_DIMS (none by default); padding or documents at a head dimension not listed, and
+    every problem where Gluon is not available, the Triton kernel's first tiles."""
     from flashattn import masking_gluon
     from flashattn.kernels import masked
 

@@ -71,7 +71,7 @@ GLUON_WINDOW = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, sch
 # FlexAttention's time over ours: at D = 64 a producer and 3 consumers 1.23-1.25 (2 consumers 1.10-1.12, one
 # warpgroup 1.14-1.18, the Triton kernel 0.95-0.98); at D = 128 a producer and 2 consumers 1.37-1.41 (the Triton
 # kernel 1.04-1.05). Reading every block's bytes (GLUON_KEY_MASK_BLOCKS False, KEY_MASK 1) was slower at every
-# schedule: 0.91-0.92 at D = 64 (3 consumers 0.60-0.65: they spill), 1.24 at D = 128.
+# schedule: 0.88-0.92 at D = 64 (3 consumers 0.60-0.65: they spill), 1.23-1.25 at D = 128 with 2 consumers.
 GLUON_KEY_MASK = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=3),
                   128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
 GLUON_KEY_MASK_DIMS = (64, 128)
