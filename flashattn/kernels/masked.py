@@ -144,11 +144,10 @@ def gluon_window_block(dtype: torch.dtype, D: int, options: dict | None = None) 
     return opts.block_m * (1 if opts.schedule == "single" else opts.consumers), opts.block_n
 
 
-def gluon_key_mask_block(D: int, table: dict | None = None) -> tuple[int, int]:
-    """(rows, keys) of the tiles the Gluon key-padding kernel computes (:data:`GLUON_KEY_MASK`'s, as
-    :func:`gluon_window_block`); ``table``: another kernel's (:data:`GLUON_DOCUMENTS`)."""
-    c = (table or GLUON_KEY_MASK)[D]
-    return c["block_m"] * (1 if c["schedule"] == "single" else c["consumers"]), c["block_n"]
+def gluon_block(config: dict) -> tuple[int, int]:
+    """(rows, keys) of the tiles the Gluon kernel computes with ``config`` (an entry of :data:`GLUON_KEY_MASK` or
+    :data:`GLUON_DOCUMENTS`), as :func:`gluon_window_block` counts them."""
+    return config["block_m"] * (1 if config["schedule"] == "single" else config["consumers"]), config["block_n"]
 
 
 # --- the steps -----------------------------------------------------------------------------------------------

@@ -137,12 +137,12 @@ def ours_block(p: Problem, q, k, v) -> tuple[str, int, int]:
     if p.kind == "padding":
         padding = masking.Spec(-1, -1, False, mask=dense_mask(p, q.device).expand(p.B, q.shape[1], p.N, p.N))
         if masking_gluon.takes_gluon_key_mask(q, k, v, padding, None, None):
-            return ("gluon", *masked.gluon_key_mask_block(D))
+            return ("gluon", *masked.gluon_block(masked.GLUON_KEY_MASK[D]))
     if p.kind == "documents":
         cu = mask_blocks.cu_seqlens(p.lengths, q.device)
         docs = masking.Spec(-1, 0, True, cu, cu, max(p.lengths), max(p.lengths))
         if masking_gluon.takes_gluon_documents(q, k, v, docs, None, None):
-            return ("gluon", *masked.gluon_key_mask_block(D, masked.GLUON_DOCUMENTS))
+            return ("gluon", *masked.gluon_block(masked.GLUON_DOCUMENTS[D]))
     return ("triton", *masked.tiles_for(dtype, D, mask=mask_dtype(p))[0][:2])
 
 

@@ -4,8 +4,8 @@ mask's Triton kernel it replaces and FlexAttention, at ``masks_vs_flex``'s paddi
     python tools/gpu/masks/key_mask.py    # about two minutes; summary on stdout, $OUT/key_mask.json
 
 Each call runs with ``masked.GLUON_KEY_MASK_DIMS`` (the head dimensions that take the Gluon kernel) set to both
-(64, 128) ("gluon") and none ("dense"), so one run tells both paths apart. First run 2026-12-04 15:28 UTC; since then
-only D = 128 takes it by default (``masked.py`` says why):
+(64, 128) ("gluon") and none ("dense"), so one run tells both paths apart (first run 2026-12-04 15:28 UTC; which
+head dimensions take it by default, and why, ``masked.py`` says):
 
 1. correctness at full size: the padding problem of ``masks_vs_flex`` (B = 4, 16 heads, N = 16k, lengths from N/4 to
    N, one of them N), fp16 and bf16, D = 64 and 128: the Gluon forward's output and log-sum-exp against the dense
