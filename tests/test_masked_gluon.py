@@ -260,13 +260,15 @@ def test_gluon_key_padding_gradients_through_the_drop_in(dtype, monkeypatch):
 
 def test_which_packed_documents_take_the_gluon_kernel(monkeypatch):
     """Only packed documents with one cu_seqlens tensor for queries and keys (each document attends to itself), no
-    window, causal or not, at a head dimension in masked.GLUON_DOCUMENTS_DIMS (none by default: the kernel has not
-    run on a GPU yet), one K/V head per query head, no explicit tiles and no counts."""
+    window, causal or not, at a head dimension in masked.GLUON_DOCUMENTS_DIMS (D = 128 by default), one K/V head per
+    query head, no explicit tiles and no counts."""
     monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
     q = torch.randn(1, 4, 64, 128, dtype=torch.float16)
     cu = torch.tensor([0, 20, 64], dtype=torch.int32)
     docs = masking.Spec(-1, 0, True, cu, cu, 44, 44)
-    assert masked.GLUON_DOCUMENTS_DIMS == ()
+    assert masked.GLUON_DOCUMENTS_DIMS == (128,)
+    assert not masking_gluon.takes_gluon_documents(q[..., :64], q[..., :64], q[..., :64], docs, None, None)
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_DIMS", ())
     assert not masking_gluon.takes_gluon_documents(q, q, q, docs, None, None)
     monkeypatch.setattr(masked, "GLUON_DOCUMENTS_DIMS", (64, 128))
     assert masking_gluon.takes_gluon_documents(q, q, q, docs, None, None)
@@ -330,12 +332,13 @@ def test_gluon_documents_against_float64(dtype, D, schedule, monkeypatch):
 
 def test_which_packed_documents_take_the_gluon_backward(monkeypatch):
     """The backward takes the Gluon kernel where the forward would (its own switch:
-    masked.GLUON_DOCUMENTS_BACKWARD_DIMS, none by default) and dO is read in place too."""
+    masked.GLUON_DOCUMENTS_BACKWARD_DIMS, D = 128 by default) and dO is read in place too."""
     monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
     q = torch.randn(1, 4, 64, 128, dtype=torch.float16)
     cu = torch.tensor([0, 20, 64], dtype=torch.int32)
     docs = masking.Spec(-1, 0, True, cu, cu, 44, 44)
-    assert masked.GLUON_DOCUMENTS_BACKWARD_DIMS == ()
+    assert masked.GLUON_DOCUMENTS_BACKWARD_DIMS == (128,)
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_BACKWARD_DIMS", ())
     assert not masking_gluon.takes_gluon_documents_backward(q, q, q, q, docs, None, None)
     monkeypatch.setattr(masked, "GLUON_DOCUMENTS_BACKWARD_DIMS", (128,))
     assert masking_gluon.takes_gluon_documents_backward(q, q, q, q, docs, None, None)

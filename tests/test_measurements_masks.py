@@ -84,7 +84,7 @@ def test_groups_of_a_run_and_the_rows_it_keeps(monkeypatch):
 def test_each_row_names_the_kernel_that_ran_its_forward(monkeypatch):
     """``ours_block`` follows masking's routing: on Hopper, at the head dimensions in GLUON_KEY_MASK_DIMS, a padding
     mask runs the Gluon kernel (a program's rows against 128 keys), and so do packed documents at the head
-    dimensions in GLUON_DOCUMENTS_DIMS (none by default); padding or documents at a head dimension not listed, and
+    dimensions in GLUON_DOCUMENTS_DIMS (D = 128 by default); padding or documents at a head dimension not listed, and
     every problem where Gluon is not available, the Triton kernel's first tiles."""
     from flashattn import masking_gluon
     from flashattn.kernels import masked
@@ -97,6 +97,7 @@ def test_each_row_names_the_kernel_that_ran_its_forward(monkeypatch):
         assert masks.ours_block(pad, q, q, q)[0] == "triton"
         monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
         monkeypatch.setattr(masked, "GLUON_KEY_MASK_DIMS", (128,))
+        monkeypatch.setattr(masked, "GLUON_DOCUMENTS_DIMS", ())
         kernel, bm, bn = masks.ours_block(pad, q, q, q)
         assert kernel == want_pad, D
         assert (bm, bn) == ((128, 128) if want_pad == "gluon"
@@ -106,7 +107,8 @@ def test_each_row_names_the_kernel_that_ran_its_forward(monkeypatch):
     monkeypatch.setattr(masking_gluon, "gluon_available", lambda dtype, D: True)
     q = torch.randn(2, 4, 256, 64, dtype=torch.float16)  # the default lists 64: three consumers of 64 rows each
     assert masks.ours_block(pad, q, q, q) == ("gluon", 192, 128)
+    assert masks.ours_block(docs, q[:1], q[:1], q[:1])[0] == "triton"  # packed documents: D = 128 only by default
     q = torch.randn(1, 4, 256, 128, dtype=torch.float16)
-    assert masks.ours_block(docs, q, q, q)[0] == "triton"  # packed documents: none by default
-    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_DIMS", (128,))
     assert masks.ours_block(docs, q, q, q) == ("gluon", 128, 128)
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_DIMS", ())
+    assert masks.ours_block(docs, q, q, q)[0] == "triton"

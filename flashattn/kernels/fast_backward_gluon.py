@@ -104,17 +104,21 @@ def _producer(Q, K, V, DO, LSE, DELTA, N, H, CU, TABLE, k_tile, v_tile, q_ring, 
         start_m = lo + i * BLOCK_M
         mbarrier.wait(qdo_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes a wait on parity 1
         bar = qdo_ready.index(s)
-        mbarrier.expect(bar, Q.block_type.nbytes + DO.block_type.nbytes + 2 * LSE.block_type.nbytes)
+        if DOCS:  # the consumers load lse and delta: a row of a document need not start 16 bytes into a head
+            mbarrier.expect(bar, Q.block_type.nbytes + DO.block_type.nbytes)
+        else:
+            mbarrier.expect(bar, Q.block_type.nbytes + DO.block_type.nbytes + 2 * LSE.block_type.nbytes)
         tma_load(Q, [row0 + start_m, col], bar, q_ring.index(s))
         tma_load(DO, [row0 + start_m, col], bar, do_ring.index(s))
-        tma_load(LSE, [bh * N + q0 + start_m], bar, lse_ring.index(s))  # the block's rows of lse and delta ride along
-        tma_load(DELTA, [bh * N + q0 + start_m], bar, delta_ring.index(s))
+        if not DOCS:  # the block's rows of lse and delta ride along (a 1-D TMA load needs a 16-byte-aligned start)
+            tma_load(LSE, [bh * N + start_m], bar, lse_ring.index(s))
+            tma_load(DELTA, [bh * N + start_m], bar, delta_ring.index(s))
 
 
 @gluon.jit
 def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, DOCS: gl.constexpr,
               HEADS_IN_COLUMNS: gl.constexpr):
-    DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale, CU, TABLE = io
+    DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale, CU, TABLE, LSE_ROWS, DELTA_ROWS = io
     k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ds_tiles, dq_tiles = tiles
     kv_ready, qdo_ready, qdo_empty, ds_ready, ds_empty = bars
     D: gl.constexpr = k_tile.shape[1]
@@ -149,7 +153,13 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, DOCS: gl.
         doi = do_ring.index(s)
         sijT = warpgroup_mma(kj, qi.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dpijT = warpgroup_mma(vj, doi.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        lse_i = lse_ring.index(s).load(row_layout) * LOG2_E
+        if DOCS:
+            offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+            rows = bh * N + q0 + offs_m
+            lse_i = gl.load(LSE_ROWS + rows, mask=offs_m < n, other=0.0) * LOG2_E
+            delta_i = gl.load(DELTA_ROWS + rows, mask=offs_m < n, other=0.0)
+        else:
+            lse_i = lse_ring.index(s).load(row_layout) * LOG2_E
         sijT = warpgroup_mma_wait(1, deps=[sijT])  # the scores are in; dpijT may still be running
         pijT = gl.exp2(sijT * qk_scale - lse_i[None, :])
         if DOCS:  # and where the document ends: the next one's keys and queries (in the tiles) take no part
@@ -163,7 +173,8 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, DOCS: gl.
             if start_m < start_n + BLOCK_N:  # the blocks on the diagonal
                 offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
                 pijT = gl.where(offs_n[:, None] <= offs_m[None, :], pijT, 0.0)
-        delta_i = delta_ring.index(s).load(row_layout)
+        if not DOCS:
+            delta_i = delta_ring.index(s).load(row_layout)
         dpijT = warpgroup_mma_wait(0, deps=[dpijT])
         dsijT = (pijT * (dpijT - delta_i[None, :])).to(dtype)
         dvj = warpgroup_mma(gl.convert_layout(pijT.to(dtype), a_layout), doi, dvj, is_async=True)
@@ -202,12 +213,15 @@ def _consumer(io, tiles, bars, WG: gl.constexpr, CAUSAL: gl.constexpr, DOCS: gl.
 
 @gluon.jit
 def bwd_kernel_gluon(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale,
-                     CU, TABLE, D: gl.constexpr, CAUSAL: gl.constexpr, DOCS: gl.constexpr, STAGES: gl.constexpr,
-                     HEADS_IN_COLUMNS: gl.constexpr):
+                     CU, TABLE, LSE_ROWS, DELTA_ROWS, D: gl.constexpr, CAUSAL: gl.constexpr, DOCS: gl.constexpr,
+                     STAGES: gl.constexpr, HEADS_IN_COLUMNS: gl.constexpr):
     """Grid (N // BLOCK_N, B·H): one program per 128 keys of one head. The descriptors of Q, K, V, dO and dQ's sums lay
     the heads out as HEADS_IN_COLUMNS says (``fast_gluon._head``); dK and dV share the strides ``stride_k*``.
     DOCS: B = 1 and the N rows are packed documents (rows CU[d] .. CU[d + 1]), each a sequence of its own; the grid
-    is (the block table's entries, H), TABLE listing each program's (document, key block) (``fast_gluon_keys``)."""
+    is (the block table's entries, H), TABLE listing each program's (document, key block) (``fast_gluon_keys``), and
+    the consumers read lse and delta through the pointers LSE_ROWS and DELTA_ROWS (not TMA: a document's first row can
+    lie at any float of its head's row, and a 1-D TMA load from a start that is not 16-byte aligned stops the kernel
+    with "illegal instruction", as the H200 showed)."""
     dtype: gl.constexpr = Q.dtype
     k_tile = gl.allocate_shared_memory(dtype, [BLOCK_N, D], K.layout)
     v_tile = gl.allocate_shared_memory(dtype, [BLOCK_N, D], V.layout)
@@ -230,7 +244,7 @@ def bwd_kernel_gluon(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, N, H, stride_kb, s
     for b in gl.static_range(2):
         mbarrier.init(ds_ready.index(b), count=2)  # both halves written
         mbarrier.init(ds_empty.index(b), count=1)  # read by the warpgroup whose turn it was
-    io = (DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale, CU, TABLE)
+    io = (DQ_ACC, DK, DV, N, H, stride_kb, stride_kh, stride_kn, qk_scale, scale, CU, TABLE, LSE_ROWS, DELTA_ROWS)
     tiles = (k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, ds_tiles, dq_tiles)
     bars = (kv_ready, qdo_ready, qdo_empty, ds_ready, ds_empty)
     gl.warp_specialize([(_consumer, (io, tiles, bars, 0, CAUSAL, DOCS, HEADS_IN_COLUMNS)),
@@ -302,7 +316,7 @@ def bind(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | N
         dk, dv = new(k.dtype), new(v.dtype)
         tensors = (q, k, v, do, lse, delta, dq_acc)
         kernel(*(rebase(t, x) for t, x in zip(templates, tensors, strict=True)), dk, dv, *tail,
-               *((dk, dk) if docs is None else (cu, table)))  # (without documents: unused)
+               *((dk, dk, lse, delta) if docs is None else (cu, table, lse, delta)))  # (without documents: unused)
         return dq_acc, dk, dv
 
     return run

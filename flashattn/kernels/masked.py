@@ -79,16 +79,18 @@ GLUON_KEY_MASK_BLOCKS = True
 # Packed documents (attention_varlen with one cu_seqlens for queries and keys, no window) on fast's Gluon kernel
 # (its DOCS: each document a sequence of its own, a tile per (document, Q block) from block_table), at the head
 # dimensions in GLUON_DOCUMENTS_DIMS. Written 2026-12-04, after masks_vs_flex's documents at D = 128 fwd+bwd came
-# to 0.99-1.00x FlexAttention with the Triton forward (1.12-1.13x forward alone), and not yet run on a GPU: none
-# until tests/test_masked_gluon.py and tools/gpu/masks/gluon_documents.py have run it.
+# to 0.99-1.00x FlexAttention with the Triton forward (1.12-1.13x forward alone); on at D = 128 since it passed
+# tests/test_masked_gluon.py on the H200 and masks_vs_flex was recorded with it (stop 53). D = 64 keeps the Triton
+# kernels (their documents cells were 1.13x FlexAttention or more).
 GLUON_DOCUMENTS = {64: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2),
                    128: dict(block_m=64, block_n=128, num_warps=4, num_stages=2, schedule="specialized", consumers=2)}
-GLUON_DOCUMENTS_DIMS = ()
+GLUON_DOCUMENTS_DIMS = (128,)
 # Their backward on fast's Gluon backward kernel (fast_backward_gluon.py's DOCS: a program per document and key
 # block, the ragged ends masked), at the head dimensions in GLUON_DOCUMENTS_BACKWARD_DIMS: written the same day, after
 # tools/gpu/masks/docs_backward.py (2026-12-03) put the gap to FlexAttention in the two Triton backward kernels (1.53
-# ms against its 1.44); not yet run on a GPU either.
-GLUON_DOCUMENTS_BACKWARD_DIMS = ()
+# ms against its 1.44). Its first run stopped with "illegal instruction" (lse and delta by 1-D TMA from a start that
+# is not 16-byte aligned: tools/gpu/masks/gluon_documents_bisect.py); the consumers now load them by pointer.
+GLUON_DOCUMENTS_BACKWARD_DIMS = (128,)
 FLOAT32_TILES = [(64, 32, 4, 2), (32, 32, 4, 2)]  # IEEE float32 on the CUDA cores: for checking, not speed
 INTERPRETER_TILES = (32, 32, 4, 1)  # small blocks: a test's few dozen keys still make several of them
 

@@ -140,7 +140,7 @@ def _gluon_backward(D: int, dtype: torch.dtype, docs: bool = False):
             descriptors.gluon_rows(o, bm), descriptors.gluon_vector(lse, bm), descriptors.gluon_vector(lse, bm),
             descriptors.gluon_rows(dq_acc, bm), dk, torch.empty_like(v), N, H, *dk.stride()[:3], 0.1, 0.1,
             *((torch.empty(10, dtype=torch.int32), torch.empty((N // bn + 9, 2), dtype=torch.int32)) if docs
-              else (dk, dk)))
+              else (dk, dk)), lse, lse)
     return (fbg.bwd_kernel_gluon, args, dict(D=D, CAUSAL=True, DOCS=docs, STAGES=fbg.STAGES[D],
                                              HEADS_IN_COLUMNS=False), dict(num_warps=4, maxnreg=fbg.MAXNREG), None)
 

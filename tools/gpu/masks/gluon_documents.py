@@ -1,5 +1,6 @@
 """GPU probe (issue 30): packed documents on the Gluon kernels (``fast_gluon.py``'s and ``fast_backward_gluon.py``'s
-DOCS, written 2026-12-04 and off until this has run), at the documents cells of ``masks_vs_flex``, on the H200.
+DOCS), at the documents cells of ``masks_vs_flex``, on the H200. Its one run (stop 53) stopped at the backward's
+"illegal instruction" (``gluon_documents_bisect.py`` found why); it has not run since the fix.
 
     python tools/gpu/masks/gluon_documents.py    # about 4 minutes; summary on stdout, $OUT/gluon_documents.json
 
