@@ -94,6 +94,57 @@ def test_paged_equals_contiguous(dtype, page_size, tiles):
         assert rel_error(out, flat) < TOL[dtype]
 
 
+@pytest.fixture
+def table_row_on(monkeypatch):
+    """decode_plan.TABLE_ROW_MAX_PAGES = 64 (off by default), with plans and prepared problems made afresh."""
+    monkeypatch.setattr(decode_plan, "TABLE_ROW_MAX_PAGES", 64)
+    monkeypatch.setattr(decode, "_PREPARED", {})
+    decode.make_plan.cache_clear()
+    yield
+    decode.make_plan.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size, tiles", [(32, (32, 4, 1)), (32, (16, 4, 1)), (64, (32, 4, 1))])
+def test_the_table_row_in_registers_reads_the_pages_a_load_would(dtype, page_size, tiles, table_row_on):
+    # the split kernel's TABLE_ROW: the sequence's row of the block table loaded up front, each page picked from it;
+    # shuffled pages, lengths at a page boundary ± 1, against float64 and the contiguous cache
+    B, S_max, Hkv, D = 3, 128, 2, 32
+    k, v = contiguous_cache(B, S_max, Hkv, D, dtype, seed=page_size)
+    kp, vp, table = paged(k, v, page_size, seed=page_size)
+    q = randn(torch.Generator().manual_seed(5), B, 2, 4, D, dtype=dtype)
+    seqlens = lens(page_size - 1, page_size + 1, S_max)
+    for causal, num_splits in ((True, 1), (True, 3), (False, 2)):
+        plan = decode.make_plan(B, 2, 4, Hkv, D, S_max, dtype, num_splits, DEV, tiles, True, None, page_size)
+        assert plan.table_row == S_max // page_size
+        out = check(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=num_splits, tiles=tiles)
+        flat = decode.decode_attention(q, k, v, seqlens, causal=causal, num_splits=num_splits, tiles=tiles)
+        assert rel_error(out, flat) < TOL[dtype]
+
+
+def test_which_paged_launches_take_the_table_row(monkeypatch):
+    # pages holding whole key blocks, a row of at most TABLE_ROW_MAX_PAGES pages (rounded up to a power of two); none
+    # by default; with it, the contiguous pipeline depth instead of paged_stages'
+    assert decode_plan.TABLE_ROW_MAX_PAGES == 0 and decode_plan.table_row(256, 4096, 64) == 0
+    monkeypatch.setattr(decode_plan, "TABLE_ROW_MAX_PAGES", 64)
+    assert decode_plan.table_row(256, 4096, 64) == 16
+    assert decode_plan.table_row(256, 3 * 256, 128) == 4
+    assert decode_plan.table_row(256, 64 * 256, 64) == 64
+    for why, args in (("65 pages", (256, 65 * 256, 64)), ("pages shorter than a block", (16, 4096, 32)),
+                      ("pages that are no multiple of the block", (48, 4800, 32)), ("not paged", (0, 4096, 64))):
+        assert decode_plan.table_row(*args) == 0, why
+    decode.make_plan.cache_clear()
+    try:
+        paged_plan = decode.make_plan(1, 1, 32, 8, 128, 4096, torch.float16, 0, DEV, (64, 4, 3), True, None, 256)
+        assert (paged_plan.table_row, paged_plan.num_stages) == (16, 3)
+        monkeypatch.setattr(decode_plan, "TABLE_ROW_MAX_PAGES", 8)
+        decode.make_plan.cache_clear()
+        paged_plan = decode.make_plan(1, 1, 32, 8, 128, 4096, torch.float16, 0, DEV, (64, 4, 3), True, None, 256)
+        assert (paged_plan.table_row, paged_plan.num_stages) == (0, 5)
+    finally:
+        decode.make_plan.cache_clear()
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_many_queries_span_several_row_blocks(causal):
     # Lq = 20 queries of 4 grouped heads: 80 rows, more than one program's MAX_BLOCK_M = 64; each row block cuts its

@@ -67,19 +67,24 @@ from .fast_options import padded_head_dim
 
 @triton.jit
 def _kv_offsets(BLOCK_TABLE, start_n, seqlen, num_pages, stride_bt_p, stride_page, stride_n,
-                BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+                BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, pages_row=0, TABLE_ROW: tl.constexpr = 0):
     """Element offsets (int64) of the keys ``start_n .. start_n + BLOCK_N`` of one sequence in one K/V head.
 
     Contiguous cache (PAGE_SIZE = 0): key j is row j. Paged: key j is row j % PAGE_SIZE of the physical page
     ``BLOCK_TABLE[j // PAGE_SIZE]`` (``BLOCK_TABLE`` points at the sequence's row of the table). When pages hold
     whole key blocks, one entry serves the block; otherwise each key looks up its own. Page numbers are clamped to
-    the cache (a CUDA graph replays without the host's checks, and must not read outside it).
+    the cache (a CUDA graph replays without the host's checks, and must not read outside it). With TABLE_ROW, the
+    sequence's row of the table is already in registers (``pages_row``, loaded beside its length) and the page is
+    picked from it.
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if PAGE_SIZE == 0:
         return offs_n.to(tl.int64) * stride_n
     elif PAGE_SIZE % BLOCK_N == 0:
-        page = tl.load(BLOCK_TABLE + (start_n // PAGE_SIZE) * stride_bt_p)
+        if TABLE_ROW:
+            page = tl.sum(tl.where(tl.arange(0, TABLE_ROW) == start_n // PAGE_SIZE, pages_row, 0), 0)
+        else:
+            page = tl.load(BLOCK_TABLE + (start_n // PAGE_SIZE) * stride_bt_p)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
         return page * stride_page + (start_n % PAGE_SIZE + tl.arange(0, BLOCK_N)).to(tl.int64) * stride_n
     else:
@@ -106,7 +111,7 @@ def _load_tile(X, rows, keys, seqlen, stride_d, D: tl.constexpr, D_PAD: tl.const
 def _attend(acc, li, mi, qi, K, V, BLOCK_TABLE, lo, hi, seqlen, limit, num_pages, qk_scale,
             stride_bt_p, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
             BLOCK_N: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-            MASK: tl.constexpr, PRECISION: tl.constexpr):
+            MASK: tl.constexpr, PRECISION: tl.constexpr, pages_row, TABLE_ROW: tl.constexpr):
     """v2's loop over the key blocks ``lo .. hi``. ``MASK``: key j counts for row r only when j < limit[r] (the
     blocks at the end of the keys), and a row may have seen no key yet (mi = -inf): the exponent is then taken
     against 0, as notebook 03's merge does, instead of computing -inf − (-inf)."""
@@ -114,7 +119,7 @@ def _attend(acc, li, mi, qi, K, V, BLOCK_TABLE, lo, hi, seqlen, limit, num_pages
         start_n = tl.multiple_of(start_n, BLOCK_N)
         keys = start_n + tl.arange(0, BLOCK_N)
         k_rows = _kv_offsets(BLOCK_TABLE, start_n, seqlen, num_pages, stride_bt_p, stride_kp, stride_kn,
-                             BLOCK_N, PAGE_SIZE)
+                             BLOCK_N, PAGE_SIZE, pages_row, TABLE_ROW)
         kj = _load_tile(K, k_rows, keys, seqlen, stride_kd, D, D_PAD, MASK)
         sij = tl.dot(qi, tl.trans(kj), input_precision=PRECISION) * qk_scale  # base-2 units
         if MASK:
@@ -125,7 +130,7 @@ def _attend(acc, li, mi, qi, K, V, BLOCK_TABLE, lo, hi, seqlen, limit, num_pages
         alpha = tl.exp2(mi - m_safe)
         li = li * alpha + tl.sum(pij, 1)
         v_rows = _kv_offsets(BLOCK_TABLE, start_n, seqlen, num_pages, stride_bt_p, stride_vp, stride_vn,
-                             BLOCK_N, PAGE_SIZE)
+                             BLOCK_N, PAGE_SIZE, pages_row, TABLE_ROW)
         vj = _load_tile(V, v_rows, keys, seqlen, stride_vd, D, D_PAD, MASK)
         acc = tl.dot(pij.to(vj.dtype), vj, acc * alpha[:, None], input_precision=PRECISION)
         mi = mi_new
@@ -143,11 +148,16 @@ def decode_split_kernel(
     Hkv, GROUP, Lq, capacity, num_pages, qk_scale,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-    MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 1, MERGE_ROWS: tl.constexpr = 1,
+    MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 1, MERGE_ROWS: tl.constexpr = 1, TABLE_ROW: tl.constexpr = 0,
 ):
     pid_bh, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     num_splits = tl.num_programs(2)
     off_b, off_hkv = (pid_bh // Hkv).to(tl.int64), (pid_bh % Hkv).to(tl.int64)
+    table = BLOCK_TABLE + off_b * stride_bt_b
+    pages_row = 0
+    if TABLE_ROW:  # the sequence's whole row of the table (TABLE_ROW >= its pages), read beside its length: the first
+        offs_p = tl.arange(0, TABLE_ROW)  # key block's address then waits for one load, not for two in a row
+        pages_row = tl.load(table + offs_p * stride_bt_p, mask=offs_p < capacity // PAGE_SIZE, other=0)
     seqlen = tl.minimum(tl.load(SEQLENS + off_b), capacity)  # clamped: see _kv_offsets
 
     # this program's rows: query heads off_hkv·GROUP + g (g = r % GROUP) of the queries i = r // GROUP
@@ -179,16 +189,15 @@ def decode_split_kernel(
     if PAGE_SIZE == 0:
         k_head += off_b * stride_kb
         v_head += off_b * stride_vb
-    table = BLOCK_TABLE + off_b * stride_bt_b
     mi = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scaled, base-2 scores
     li = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, table, lo, mid, seqlen, limit, num_pages, qk_scale,
                           stride_bt_p, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-                          BLOCK_N, D, D_PAD, PAGE_SIZE, False, PRECISION)
+                          BLOCK_N, D, D_PAD, PAGE_SIZE, False, PRECISION, pages_row, TABLE_ROW)
     acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, table, mid, hi, seqlen, limit, num_pages, qk_scale,
                           stride_bt_p, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-                          BLOCK_N, D, D_PAD, PAGE_SIZE, True, PRECISION)
+                          BLOCK_N, D, D_PAD, PAGE_SIZE, True, PRECISION, pages_row, TABLE_ROW)
 
     seen = li > 0  # False: this row saw no key in this slice (an empty split, or causal rows left of it)
     o = acc / tl.where(seen, li, 1.0)[:, None]
@@ -319,7 +328,7 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_sc
                              MAX_SPLITS)
     B, Lq, Hq, Hkv, D = p["B"], p["Lq"], p["Hq"], p["Hkv"], p["D"]
     plan = make_plan(B, Lq, Hq, Hkv, D, p["capacity"], q.dtype, p["num_splits"], q.device, tiles,
-                     block_table is not None, merge)
+                     block_table is not None, merge, p["page_size"])
     out_shape = (B, Lq, Hq, D)
     split = plan.num_splits > 1
     if split:
@@ -337,7 +346,7 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_sc
         dict(D=D, D_PAD=padded_head_dim(D), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PAGE_SIZE=p["page_size"],
              CAUSAL=p["causal"], SPLIT=split, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
              MERGE=plan.merge_rows > 0, BLOCK_S=triton.next_power_of_2(plan.num_splits),
-             MERGE_ROWS=max(plan.merge_rows, 1)),
+             MERGE_ROWS=max(plan.merge_rows, 1), **({"TABLE_ROW": plan.table_row} if plan.table_row else {})),
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     merge_launch = tickets = None
     if plan.merge_rows:

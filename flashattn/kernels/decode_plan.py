@@ -4,8 +4,9 @@ merges them, as a :class:`Plan` (:func:`make_plan`, cached per problem).
 The rules are declarative constants, each beside the measurement it was set from (tools/gpu/decode/ on the H200):
 the tiles per head dimension (``TILES``; ``ONE_SPLIT_TILES`` for long slices of the cache, ``SHORT_TILES`` for grids
 over short caches that would need a second wave), the number of splits when ``num_splits=0``
-(:func:`choose_num_splits`: one wave of programs), the deeper pipeline of a paged cache (:func:`paged_stages`) and the
-merge (``MERGE``: the last split program of each row block, or a second kernel when its tile is too large).
+(:func:`choose_num_splits`: one wave of programs), the deeper pipeline of a paged cache (:func:`paged_stages`; or its
+table row read up front, :func:`table_row`, off until measured) and the merge (``MERGE``: the last split program
+of each row block, or a second kernel when its tile is too large).
 The shares of the copy bandwidth quoted below were timed after do_bench's own L2 flush, which writes zeros whose
 write-back falls in the timed call (``bench.l2_flush``): a few µs more per call than ``decode_vs_sdpa`` now measures,
 about the same for every candidate compared on one cache, so their order stands while the shares of short calls
@@ -82,6 +83,14 @@ INTERPRETER_SM_COUNT = 4  # no GPU: a nominal SM count, so that the rule still s
 MERGE = "last program"
 MERGE_TILE_FLOATS = 8192  # the last program's merge tile (rows, splits, D) in float32: 64 per thread with 4 warps
 
+# A paged launch whose pages hold whole key blocks, over a table row of at most TABLE_ROW_MAX_PAGES pages, loads the
+# sequence's whole row of the table beside its length, and picks each block's page from registers (the split kernel's
+# TABLE_ROW): a paged program then waits for one load before its first key block, as a contiguous one does, not for
+# the length and then the page; and with no table load in its loop it takes the contiguous pipeline depth, not
+# paged_stages'. Written 2026-12-04 (stop 53) for decode_vs_sdpa's paged cells of 1k-16k keys that trail the
+# contiguous ones by more than 5 %; 0 (off) until tools/gpu/decode/table_row.py has timed it on a GPU.
+TABLE_ROW_MAX_PAGES = 0
+
 
 class Plan(NamedTuple):
     """How one problem is launched: the tiles, the rows per program and the grid."""
@@ -94,6 +103,7 @@ class Plan(NamedTuple):
     num_splits: int
     merge_warps: int
     merge_rows: int  # with splits: rows per step of the last program's merge; 0: the merge kernel merges
+    table_row: int = 0  # paged: the table entries loaded up front (TABLE_ROW_MAX_PAGES); 0: a load per key block
 
 
 def merge_step_rows(rows: int, block_m: int, num_splits: int, D: int) -> int:
@@ -185,10 +195,12 @@ def short_cache_tiles(D: int, dtype: torch.dtype, capacity: int, programs: int, 
 
 @functools.cache
 def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: torch.dtype, num_splits: int,
-              device: torch.device, tiles: tuple | None = None, paged: bool = False, merge: str | None = None) -> Plan:
+              device: torch.device, tiles: tuple | None = None, paged: bool = False, merge: str | None = None,
+              page_size: int = 0) -> Plan:
     """The launch of one problem (cached: the host's time per call matters when the cache is short). ``merge``:
     who merges the splits, "last program" (the last split program of each row block to finish), "kernel" (a
-    second launch, :func:`decode_merge_kernel`) or None for MERGE's choice."""
+    second launch, :func:`decode_merge_kernel`) or None for MERGE's choice. ``page_size``: a paged cache's (for
+    :func:`table_row`; 0: not known, a load per key block)."""
     sm_count, shared_memory = _device_facts(device)
     block_n, num_warps, num_stages = tiles or tile_configs(D, dtype, shared_memory)[0]
     rows = (Hq // Hkv) * Lq
@@ -202,7 +214,8 @@ def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: 
     if tiles is None and num_splits == 1:
         block_n, num_warps, num_stages = short_cache_tiles(D, dtype, capacity, B * Hkv * row_blocks, sm_count,
                                                            shared_memory, block_m, (block_n, num_warps, num_stages))
-    if paged and num_stages > 1:
+    row = table_row(page_size, capacity, block_n) if paged else 0
+    if paged and num_stages > 1 and not row:
         num_stages = paged_stages(num_stages)
     block_s = triton.next_power_of_2(num_splits)
     merge_warps = min(16, max(1, block_s * padded_head_dim(D) // 1024))
@@ -210,4 +223,14 @@ def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: 
         raise ValueError(f"decode_attention: merge must be 'last program', 'kernel' or None, got {merge!r}")
     fused = num_splits > 1 and (merge or MERGE) == "last program"
     in_program = merge_step_rows(rows, block_m, num_splits, D) if fused else 0
-    return Plan(block_m, block_n, num_warps, num_stages, row_blocks, num_splits, merge_warps, in_program)
+    return Plan(block_m, block_n, num_warps, num_stages, row_blocks, num_splits, merge_warps, in_program, row)
+
+
+def table_row(page_size: int, capacity: int, block_n: int) -> int:
+    """The split kernel's TABLE_ROW for a paged cache of ``capacity`` keys per sequence in pages of ``page_size``:
+    the power of two at or above its table row's pages where pages hold whole key blocks of ``block_n`` and the row
+    has at most TABLE_ROW_MAX_PAGES of them; else 0 (a table load per key block)."""
+    pages = capacity // page_size if page_size else 0
+    if not pages or page_size % block_n or pages > TABLE_ROW_MAX_PAGES:
+        return 0
+    return triton.next_power_of_2(pages)
