@@ -104,7 +104,7 @@ def _producer(Q, K, V, DO, LSE, DELTA, N, H, CU, TABLE, k_tile, v_tile, q_ring, 
         start_m = lo + i * BLOCK_M
         mbarrier.wait(qdo_empty.index(s), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes a wait on parity 1
         bar = qdo_ready.index(s)
-        if DOCS:  # the consumers load lse and delta: a row of a document need not start 16 bytes into a head
+        if DOCS:  # the consumers load lse and delta: a document's rows need not start on a 16-byte boundary
             mbarrier.expect(bar, Q.block_type.nbytes + DO.block_type.nbytes)
         else:
             mbarrier.expect(bar, Q.block_type.nbytes + DO.block_type.nbytes + 2 * LSE.block_type.nbytes)
