@@ -5,6 +5,8 @@ Hopper GPU its output, log-sum-exp and gradients against float64."""
 import pytest
 import torch
 from helpers import TOL, rel_error
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_backward import grad_errors
 from test_masked import torch_reference
 
@@ -380,6 +382,27 @@ def test_gluon_documents_backward_against_float64(dtype, D, monkeypatch):
         assert all(g.is_contiguous() for g in (t.grad for t in leaves))
         assert max(grad_errors(grads, ref_grads)) < TOL[dtype], causal
     assert forward == [7, 7] and backward == [7, 7]
+
+
+@HOPPER
+@settings(max_examples=12, deadline=None)
+@given(lengths=st.lists(st.integers(0, 700), min_size=1, max_size=6).filter(any), causal=st.booleans(),
+       heads=st.integers(1, 3), dtype=st.sampled_from([torch.float16, torch.bfloat16]), seed=st.integers(0, 2**16))
+def test_gluon_documents_hypothesis(lengths, causal, heads, dtype, seed):
+    """Packed documents at D = 128 as ``attention_varlen`` runs them by default (the Gluon forward and backward, the
+    block table built on the GPU): random lengths (1, empty documents, anything around a tile of 128), both
+    directions against float64."""
+    assert 128 in masked.GLUON_DOCUMENTS_DIMS and 128 in masked.GLUON_DOCUMENTS_BACKWARD_DIMS
+    gen = torch.Generator().manual_seed(seed)
+    total, cu, longest = sum(lengths), mb.cu_seqlens(lengths, runtime.DEVICE), max(lengths)
+    q, k, v, do = (torch.randn(total, heads, 128, generator=gen).to(runtime.DEVICE, dtype) for _ in range(4))
+    packed = [t.transpose(0, 1).unsqueeze(0) for t in (q, k, v, do)]
+    ref_out, ref_grads = torch_reference(*packed, mb.document_mask(lengths, causal=causal, device=runtime.DEVICE))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = flashattn.attention_varlen(*leaves, cu, cu, longest, longest, causal=causal)
+    out.backward(do)
+    assert rel_error(out, ref_out[0].transpose(0, 1).to(dtype)) < TOL[dtype]
+    assert max(grad_errors([t.grad.transpose(0, 1).unsqueeze(0) for t in leaves], ref_grads)) < TOL[dtype]
 
 
 def test_the_gluon_kernels_refuse_documents_they_cannot_run():
