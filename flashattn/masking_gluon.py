@@ -97,7 +97,7 @@ def documents_backward(q4, k4, v4, o4, lse3, do4, spec, scale: float) -> tuple:
     from flashattn.kernels import fast_backward
     from flashattn.kernels import fast_backward_gluon as fbg
 
-    if lse3.data_ptr() % 16 or not lse3.is_contiguous():  # TMA reads it in rows of 16 bytes
+    if lse3.data_ptr() % 16 or not lse3.is_contiguous():  # the kernel indexes it as (H, total); bind's checks
         lse3 = lse3.clone(memory_format=torch.contiguous_format)
     table = masked.block_table(spec.cu_q, q4.shape[2], fbg.BLOCK_N.value, reverse=False)
     delta = fast_backward.delta_rows(o4, do4)

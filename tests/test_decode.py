@@ -78,48 +78,33 @@ def test_one_query_one_key_and_auto_splits(dtype):
         check(q, k, v, 17, num_splits=2)  # an int: every sequence 17 keys
 
 
+@pytest.mark.parametrize("table_row", [0, 64], ids=["table load", "table row"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("page_size, tiles", [(16, (32, 4, 1)), (32, (16, 4, 1)), (48, (32, 4, 1))])
-def test_paged_equals_contiguous(dtype, page_size, tiles):
+@pytest.mark.parametrize("page_size, tiles", [(16, (32, 4, 1)), (32, (16, 4, 1)), (32, (32, 4, 1)), (48, (32, 4, 1)),
+                                              (64, (32, 4, 1))])
+def test_paged_equals_contiguous(dtype, page_size, tiles, table_row, monkeypatch):
     # pages shorter than a key block (one table entry per key), holding whole blocks (one per block), and a page
-    # size that is no multiple of the block; lengths at a page boundary ± 1
+    # size that is no multiple of the block; lengths at a page boundary ± 1. With decode_plan.TABLE_ROW_MAX_PAGES
+    # (off by default) the launches whose pages hold whole blocks read the table row up front (the split kernel's
+    # TABLE_ROW) and pick each page from it
+    monkeypatch.setattr(decode_plan, "TABLE_ROW_MAX_PAGES", table_row)
+    monkeypatch.setattr(decode, "_PREPARED", {})  # (its problems do not know the switch)
+    decode.make_plan.cache_clear()
     B, S_max, Hkv, D = 3, 100, 2, 32
     k, v = contiguous_cache(B, S_max, Hkv, D, dtype, seed=page_size)
     kp, vp, table = paged(k, v, page_size, seed=page_size)
     q = randn(torch.Generator().manual_seed(5), B, 2, 4, D, dtype=dtype)
     seqlens = lens(page_size - 1, page_size + 1, S_max)
-    for causal, num_splits in ((True, 1), (True, 3), (False, 2)):
-        out = check(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=num_splits, tiles=tiles)
-        flat = decode.decode_attention(q, k, v, seqlens, causal=causal, num_splits=num_splits, tiles=tiles)
-        assert rel_error(out, flat) < TOL[dtype]
-
-
-@pytest.fixture
-def table_row_on(monkeypatch):
-    """decode_plan.TABLE_ROW_MAX_PAGES = 64 (off by default), with plans and prepared problems made afresh."""
-    monkeypatch.setattr(decode_plan, "TABLE_ROW_MAX_PAGES", 64)
-    monkeypatch.setattr(decode, "_PREPARED", {})
-    decode.make_plan.cache_clear()
-    yield
-    decode.make_plan.cache_clear()
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("page_size, tiles", [(32, (32, 4, 1)), (32, (16, 4, 1)), (64, (32, 4, 1))])
-def test_the_table_row_in_registers_reads_the_pages_a_load_would(dtype, page_size, tiles, table_row_on):
-    # the split kernel's TABLE_ROW: the sequence's row of the block table loaded up front, each page picked from it;
-    # shuffled pages, lengths at a page boundary ± 1, against float64 and the contiguous cache
-    B, S_max, Hkv, D = 3, 128, 2, 32
-    k, v = contiguous_cache(B, S_max, Hkv, D, dtype, seed=page_size)
-    kp, vp, table = paged(k, v, page_size, seed=page_size)
-    q = randn(torch.Generator().manual_seed(5), B, 2, 4, D, dtype=dtype)
-    seqlens = lens(page_size - 1, page_size + 1, S_max)
-    for causal, num_splits in ((True, 1), (True, 3), (False, 2)):
-        plan = decode.make_plan(B, 2, 4, Hkv, D, S_max, dtype, num_splits, DEV, tiles, True, None, page_size)
-        assert plan.table_row == S_max // page_size
-        out = check(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=num_splits, tiles=tiles)
-        flat = decode.decode_attention(q, k, v, seqlens, causal=causal, num_splits=num_splits, tiles=tiles)
-        assert rel_error(out, flat) < TOL[dtype]
+    try:
+        for causal, num_splits in ((True, 1), (True, 3), (False, 2)):
+            plan = decode.make_plan(B, 2, 4, Hkv, D, table.shape[1] * page_size, dtype, num_splits, DEV, tiles, True,
+                                    None, page_size)
+            assert (plan.table_row > 0) == (table_row > 0 and page_size % tiles[0] == 0)
+            out = check(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=num_splits, tiles=tiles)
+            flat = decode.decode_attention(q, k, v, seqlens, causal=causal, num_splits=num_splits, tiles=tiles)
+            assert rel_error(out, flat) < TOL[dtype]
+    finally:
+        decode.make_plan.cache_clear()
 
 
 def test_which_paged_launches_take_the_table_row(monkeypatch):
