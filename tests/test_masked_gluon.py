@@ -307,6 +307,7 @@ def test_gluon_documents_against_float64(dtype, D, schedule, monkeypatch):
     causal and not: output and log-sum-exp against float64 with the documents' dense mask; then the gradients
     through ``attention_varlen`` (the Triton backward, from the Gluon forward's log-sum-exp)."""
     monkeypatch.setattr(masked, "GLUON_DOCUMENTS_DIMS", (64, 128))
+    monkeypatch.setattr(masked, "GLUON_DOCUMENTS_BACKWARD_DIMS", ())  # the Triton backward (the Gluon one: below)
     monkeypatch.setattr(masked, "GLUON_DOCUMENTS", {**masked.GLUON_DOCUMENTS,
                                                     D: dict(masked.GLUON_DOCUMENTS[D], schedule=schedule)})
     calls = _spy_documents(monkeypatch)
