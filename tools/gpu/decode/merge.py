@@ -46,25 +46,17 @@ CELLS = [(1, 8, 1024, (4, 8, 16)), (1, 8, 4096, (8, 16, 32)), (1, 32, 1024, (2, 
 def correctness() -> list[dict]:
     rows = []
     S, page = (128, 32) if DRY else (131072, 256)
-    for dtype in (("float16",) if DRY else ("float16", "bfloat16")):
-        dt = getattr(torch, dtype)
-        for Hkv in ((2,) if DRY else (8, 32)):
-            k, v = probe.cache(4, S, Hkv, 16 if DRY else 128, dt, seed=Hkv)
-            kp, vp, table = probe.paged(k, v, page, seed=Hkv)
-            seqlens = torch.tensor([S, S - S // 4 + 3, 1 + 4, page + 1], dtype=torch.int32, device=DEV)
-            for Lq, causal in ((1, True), (4, True), (4, False)):
-                q = torch.randn(4, Lq, 4 * Hkv if DRY else 32, k.shape[-1], device=DEV, dtype=dt)
-                for splits in ((2, 3) if DRY else (4, 16, 128)):
-                    for paged in (False, True):
-                        kk, vv, bt = (kp, vp, table) if paged else (k, v, None)
-                        row = probe.check(q, kk, vv, seqlens, block_table=bt, causal=causal, num_splits=splits,
-                                          label=f"last program, {'paged' if paged else 'contiguous'}")
-                        outs = [decode.decode_attention(q, kk, vv, seqlens, block_table=bt, causal=causal,
-                                                        num_splits=splits, merge=m) for m in MERGES]
-                        row["vs_merge_kernel"] = rel_error(outs[1], outs[0])
-                        row["ok"] = row["ok"] and row["vs_merge_kernel"] < 1e-5
-                        rows.append(row)
-            del k, v, kp, vp
+    for q, k, v, kp, vp, table, seqlens, causal in probe.ragged_problems(S, page):
+        for splits in ((2, 3) if DRY else (4, 16, 128)):
+            for paged in (False, True):
+                kk, vv, bt = (kp, vp, table) if paged else (k, v, None)
+                row = probe.check(q, kk, vv, seqlens, block_table=bt, causal=causal, num_splits=splits,
+                                  label=f"last program, {'paged' if paged else 'contiguous'}")
+                outs = [decode.decode_attention(q, kk, vv, seqlens, block_table=bt, causal=causal,
+                                                num_splits=splits, merge=m) for m in MERGES]
+                row["vs_merge_kernel"] = rel_error(outs[1], outs[0])
+                row["ok"] = row["ok"] and row["vs_merge_kernel"] < 1e-5
+                rows.append(row)
     return rows
 
 

@@ -101,6 +101,23 @@ def paged(k, v, page_size, seed):
     return kp, vp, order.view(B, per_seq).int()
 
 
+def ragged_problems(S: int, page: int):
+    """The full-size problems of the probes that check a change of the split kernel (merge.py, table_row.py): fp16 and
+    bf16, 32/8 and 32/32 heads, 4 sequences in a cache of S keys, contiguous and in shuffled pages of ``page``, of
+    S, about 3S/4, 5 and page + 1 keys; Lq = 1 causal, 4 causal and 4 not. Yields (q, k, v, kp, vp, table, seqlens,
+    causal). A dry run: fp16, 2 K/V heads, D = 16."""
+    for dtype in (("float16",) if DRY else ("float16", "bfloat16")):
+        dt = getattr(torch, dtype)
+        for Hkv in ((2,) if DRY else (8, 32)):
+            k, v = cache(4, S, Hkv, 16 if DRY else 128, dt, seed=Hkv)
+            kp, vp, table = paged(k, v, page, seed=Hkv)
+            seqlens = torch.tensor([S, S - S // 4 + 3, 1 + 4, page + 1], dtype=torch.int32, device=DEV)
+            for Lq, causal in ((1, True), (4, True), (4, False)):
+                q = torch.randn(4, Lq, 4 * Hkv if DRY else 32, k.shape[-1], device=DEV, dtype=dt)
+                yield q, k, v, kp, vp, table, seqlens, causal
+            del k, v, kp, vp
+
+
 def check(q, k, v, seqlens, *, block_table=None, causal=True, num_splits=0, label=""):
     """Max relative error over the sequences, on the first group of query heads (its K/V head), against float64."""
     out = flashattn.attention_with_kvcache(q, k, v, seqlens, block_table=block_table, causal=causal,

@@ -50,30 +50,20 @@ def switched(pages: int) -> None:
 def correctness() -> list[dict]:
     rows = []
     S, page = (128, 32) if DRY else (16384, PAGE)
-    for dtype in (("float16",) if DRY else ("float16", "bfloat16")):
-        dt = getattr(torch, dtype)
-        for Hkv in ((2,) if DRY else (8, 32)):
-            k, v = probe.cache(4, S, Hkv, 16 if DRY else 128, dt, seed=Hkv)
-            kp, vp, table = probe.paged(k, v, page, seed=Hkv)
-            seqlens = torch.tensor([S, S - S // 4 + 3, 1 + 4, page + 1], dtype=torch.int32, device=DEV)
-            for Lq, causal in ((1, True), (4, True), (4, False)):
-                q = torch.randn(4, Lq, 4 * Hkv if DRY else 32, k.shape[-1], device=DEV, dtype=dt)
-                for splits in ((0, 3) if DRY else (0, 4, 16)):
-                    switched(0)
-                    off = decode.decode_attention(q, kp, vp, seqlens, block_table=table, causal=causal,
-                                                  num_splits=splits)
-                    switched(ON)
-                    plan = decode.make_plan(4, Lq, q.shape[2], Hkv, k.shape[-1], S, dt, splits, q.device, None,
-                                            True, None, page)
-                    row = probe.check(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=splits,
-                                      label=f"table row {plan.table_row}, stages {plan.num_stages}")
-                    on = decode.decode_attention(q, kp, vp, seqlens, block_table=table, causal=causal,
-                                                 num_splits=splits)
-                    row["vs_off"] = rel_error(on, off)
-                    row["table_row"] = plan.table_row
-                    row["ok"] = row["ok"] and plan.table_row > 0 and row["vs_off"] < 1e-3
-                    rows.append(row)
-            del k, v, kp, vp
+    for q, _, _, kp, vp, table, seqlens, causal in probe.ragged_problems(S, page):
+        B, Lq, Hq, D = q.shape
+        for splits in ((0, 3) if DRY else (0, 4, 16)):
+            switched(0)
+            off = decode.decode_attention(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=splits)
+            switched(ON)
+            plan = decode.make_plan(B, Lq, Hq, kp.shape[2], D, S, q.dtype, splits, q.device, None, True, None, page)
+            row = probe.check(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=splits,
+                              label=f"table row {plan.table_row}, stages {plan.num_stages}")
+            on = decode.decode_attention(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=splits)
+            row["vs_off"] = rel_error(on, off)
+            row["table_row"] = plan.table_row
+            row["ok"] = row["ok"] and plan.table_row > 0 and row["vs_off"] < 1e-3
+            rows.append(row)
     switched(0)
     return rows
 
