@@ -203,13 +203,13 @@ def count_kernel_bytes():
         item = np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
         return int(np.broadcast_to(mask.data, ptrs.data.shape).sum()) * item
 
-    def counting_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    def counting_load(self, ptrs, mask, other, *flags):  # flags: the cache and volatile flags, which differ by release
         counts["read"] += nbytes(ptrs, mask)
-        return load(self, ptrs, mask, other, cache_policy, is_volatile)
+        return load(self, ptrs, mask, other, *flags)
 
-    def counting_store(self, ptrs, value, mask, cache_policy):
+    def counting_store(self, ptrs, value, mask, *flags):
         counts["write"] += nbytes(ptrs, mask)
-        return store(self, ptrs, value, mask, cache_policy)
+        return store(self, ptrs, value, mask, *flags)
 
     builder.create_masked_load, builder.create_masked_store = counting_load, counting_store
     try:

@@ -161,13 +161,13 @@ def masked_lanes_undefined(enabled: bool = True):
     builder = interpreter.interpreter_builder
     original = type(builder).create_masked_load
 
-    def create_masked_load(ptrs, mask, other, cache_policy, is_volatile):
+    def create_masked_load(ptrs, mask, other, *flags):  # flags: the cache and volatile flags, which differ by release
         if other is None:
             dtype_tt = ptrs.get_element_ty()
             np_dtype = interpreter._get_np_dtype(dtype_tt)
             if np.issubdtype(np_dtype, np.floating):
                 other = interpreter.TensorHandle(np.full(ptrs.data.shape, np.nan, dtype=np_dtype), dtype_tt)
-        return original(builder, ptrs, mask, other, cache_policy, is_volatile)
+        return original(builder, ptrs, mask, other, *flags)
 
     builder.create_masked_load = create_masked_load
     try:
