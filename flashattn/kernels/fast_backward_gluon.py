@@ -53,6 +53,7 @@ from . import descriptors  # noqa: E402
 from .constants import LOG2_E  # noqa: E402
 from .fast_gluon import DTYPES, _head, _mma_layout  # noqa: E402
 from .fast_gluon_keys import _document  # noqa: E402
+from .fast_options import document_blocks  # noqa: E402
 from .triton_compat import (  # noqa: E402
     fence_async_shared,
     gl,
@@ -302,7 +303,7 @@ def bind(q, k, v, lse, do, delta, *, causal: bool, scale: float, stages: int | N
                  descriptors.gluon_vector(lse, bm), descriptors.gluon_vector(delta, bm),
                  descriptors.gluon_heads(dq_acc, bm, in_columns))
     templates = tuple(descriptors.rebase(t, None) for t in templates)  # kept without the first call's tensors
-    programs = N // BLOCK_N.value if docs is None else N // BLOCK_N.value + docs
+    programs = N // BLOCK_N.value if docs is None else document_blocks(N, BLOCK_N.value, docs)
     kernel = launch_cache.bind(bwd_kernel_gluon, (programs, B * H),
                                dict(D=D, CAUSAL=causal, DOCS=docs is not None, STAGES=stages or STAGES[D],
                                     HEADS_IN_COLUMNS=in_columns),

@@ -48,7 +48,7 @@ if not triton_compat.HAS_GLUON:  # fast then runs its Triton kernel (fast_option
 from . import descriptors  # noqa: E402
 from .constants import LN_2, LOG2_E  # noqa: E402
 from .fast_gluon_keys import _block_kind, _document, _kept_keys, _key_blocks, _key_mask, _m_tiles  # noqa: E402
-from .fast_options import WS_MAXNREG  # noqa: E402
+from .fast_options import WS_MAXNREG, document_blocks  # noqa: E402
 from .triton_compat import gl, gluon, mbarrier, tma_load, warpgroup_mma, warpgroup_mma_wait  # noqa: E402
 
 DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -461,7 +461,7 @@ def grid(N: int, BH: int, opts, docs: int | None = None) -> tuple:
     if opts.schedule == "single":
         return (triton.cdiv(N, opts.block_m), BH)
     rows = opts.consumers * opts.block_m
-    tiles = (triton.cdiv(N, rows) if docs is None else N // rows + docs) * BH
+    tiles = (triton.cdiv(N, rows) if docs is None else document_blocks(N, rows, docs)) * BH
     if opts.schedule == "specialized":
         return (tiles,)
     return (min(tiles, device.sm_count()),)

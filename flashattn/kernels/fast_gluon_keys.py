@@ -26,7 +26,8 @@ from .triton_compat import gl, gluon  # noqa: E402
 @gluon.jit
 def _m_tiles(N, n_docs, ROWS: gl.constexpr, DOCS: gl.constexpr):
     """How many tiles of ROWS rows a head has: over the whole sequence, or with DOCS the block table's entries
-    (``N // ROWS + n_docs``: every document starts a tile; the entries past the last tile are marked -1)."""
+    (``N // ROWS + n_docs``, as the host counts them in ``fast_options.document_blocks``: every document starts a
+    tile; the entries past the last tile are marked -1)."""
     if DOCS:
         return N // ROWS + n_docs
     else:

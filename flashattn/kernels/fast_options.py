@@ -144,6 +144,13 @@ def padded_head_dim(D: int) -> int:
     return max(16, 1 << (D - 1).bit_length())
 
 
+def document_blocks(total: int, block: int, docs: int) -> int:
+    """How many blocks of ``block`` rows packed documents of ``total`` rows in all can take, at most: each of the
+    ``docs`` documents adds at most one partial block. The entries of the block table (``masked.block_table``), and
+    so the tiles of the Gluon grids that walk it."""
+    return total // block + docs
+
+
 def gluon_available(dtype: torch.dtype, D: int, mode: str | None = None) -> bool:
     """Whether the Gluon forward can run this problem here: a Hopper GPU (sm_90), 16-bit, D = 64 or 128."""
     return ((mode or runtime.MODE) == "gpu" and triton_compat.HAS_GLUON and device.hopper()

@@ -30,7 +30,7 @@ from flashattn import runtime
 from . import launch_cache
 from .constants import LN_2, LOG2_E
 from .fast import _attend, _load_rows, _update
-from .fast_options import FALLBACK_SPACE, fitting, forward_shared_bytes, padded_head_dim
+from .fast_options import FALLBACK_SPACE, document_blocks, fitting, forward_shared_bytes, padded_head_dim
 
 REACH = 1 << 30  # an unbounded window side (-1) as a distance no key is farther than
 
@@ -422,10 +422,10 @@ JIT_KERNELS = (attn_fwd_window, attn_fwd_blocks, varlen_block_table)
 # --- launches ------------------------------------------------------------------------------------------------
 
 def block_table(cu: torch.Tensor, total: int, block: int, reverse: bool) -> torch.Tensor:
-    """The (entries, 2) int32 block table of packed documents (:func:`varlen_block_table`): at most
-    ``total // block + documents`` blocks, the rest marked -1."""
+    """The (entries, 2) int32 block table of packed documents (:func:`varlen_block_table`): one entry per block the
+    documents can take at most (``fast_options.document_blocks``), those past the last block marked -1."""
     n_docs = cu.numel() - 1
-    entries = total // block + n_docs
+    entries = document_blocks(total, block, n_docs)
     table = torch.empty((max(entries, 1), 2), dtype=torch.int32, device=cu.device)
     docs = max(16, triton.next_power_of_2(n_docs))
     chunk = max(16, min(256, 8192 // docs))
