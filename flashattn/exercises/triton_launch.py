@@ -37,6 +37,10 @@ CONSTEXPR_HINT = ("shapes are fixed when the kernel is compiled: tl.arange, tl.z
                   "sizes (the BLOCK parameters, declared `: tl.constexpr`), never N or another runtime argument; "
                   "the ragged end is handled with a mask. (The interpreter knows N's value and lets it pass; a "
                   "GPU compiler does not.)")
+ACCUMULATOR_HINT = ("a variable updated in a loop keeps the type it starts with. The accumulator starts as one type "
+                    "(e.g. tl.zeros(..., tl.float16)) and the loop assigns it another (tl.dot and the float32 "
+                    "statistics give float32): start it as float32, tl.zeros([BLOCK_M, D], tl.float32), and convert "
+                    "only when storing. (The interpreter converts silently; a GPU compiler refuses.)")
 _HINTS = (  # (what the error says, any of them; the hint; the kind of line it is for: None for any)
     (("arange's range must be a power of 2",), "tl.arange(0, n) needs n to be a power of two and a constexpr: "
      "use the BLOCK size and a mask for the ragged end.", None),
@@ -48,10 +52,7 @@ _HINTS = (  # (what the error says, any of them; the hint; the kind of line it i
      "mask hide what lies past the end.", None),
     (("Both operands must be same dtype",), "tl.dot multiplies two tiles of the same dtype: convert the "
      "float32 one, e.g. p.to(v.dtype), before the product.", None),
-    (("Loop-carried variable",), "a variable updated in a loop keeps the type it starts with. The accumulator "
-     "starts as one type (e.g. tl.zeros(..., tl.float16)) and the loop assigns it another (tl.dot and the "
-     "float32 statistics give float32): start it as float32, tl.zeros([BLOCK_M, D], tl.float32), and convert "
-     "only when storing. (The interpreter converts silently; a GPU compiler refuses.)", None),
+    (("Loop-carried variable",), ACCUMULATOR_HINT, None),
     (SHAPE_ERRORS, "the mask's shape does not fit the tile of pointers it guards: a mask on the rows of a K or V "
      "tile is built from offs_n (BLOCK_N rows), one on a Q or O tile from offs_m (BLOCK_M rows), and the mask "
      "of a (rows, D) tile is offs[:, None] < N.", "memory"),
@@ -292,22 +293,49 @@ def _compile_ahead(kernel, functions, args, kwargs, where: str) -> None:
         raise ExerciseFailed(f"{where}: {_compiled[spec]}")
 
 
-def _loop_variable_line(reason: str, functions) -> str:
-    """For 'Loop-carried variable acc has initial type ...': where acc gets its first value."""
-    match = re.search(r"Loop-carried variable (\w+) has initial type .*?(fp16|bf16|fp32|int32|int64)\b", reason)
-    if not match:
-        return ""
+_SHORT_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int32": "int32", "int64": "int64"}
+
+
+def _first_assignment(name: str, functions) -> tuple[str, int, str] | None:
+    """(function, line, statement) where ``name`` gets its first value in one of the learner's functions."""
     for fn in functions:
         source = _source(fn)
-        tree = ast.parse(source)
-        node = next((n for n in tree.body if isinstance(n, ast.FunctionDef)), None)
+        node = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)), None)
         for stmt in ast.walk(node) if node else ():
-            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == match.group(1)
-                                                    for t in stmt.targets):
+            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets):
                 text = " ".join(line.strip() for line in ast.get_source_segment(source, stmt).splitlines())
-                return (f"\n{match.group(1)} starts as {match.group(2)} in line {stmt.lineno - node.lineno} of "
-                        f"{node.name}: {text}")
-    return ""
+                return node.name, stmt.lineno - node.lineno, text
+    return None
+
+
+def _dot_accumulator(statement: str) -> str | None:
+    """The name a ``tl.dot`` in this statement adds into (its third argument, or ``acc=``), if there is one."""
+    try:
+        tree = ast.parse(statement.strip())
+    except SyntaxError:
+        return None
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "dot":
+            acc = call.args[2] if len(call.args) > 2 else next((k.value for k in call.keywords if k.arg == "acc"), None)
+            return acc.id if isinstance(acc, ast.Name) else None
+    return None
+
+
+def _accumulator_line(reason: str, where, functions) -> str:
+    """Where the accumulator gets its first value, when the compile error is about its type. Triton 3.8 and later
+    say so ("Loop-carried variable acc has initial type fp16 ..."); 3.6 and 3.7 stop with a bare assertion at the
+    ``tl.dot(a, b, acc)`` that adds into it, so there the dtype is read off the accumulator's first assignment."""
+    match = re.search(r"Loop-carried variable (\w+) has initial type .*?(fp16|bf16|fp32|int32|int64)\b", reason)
+    if match:
+        name, dtype = match.groups()
+        first = _first_assignment(name, functions)
+    else:
+        name = _dot_accumulator(where[2]) if where and where[2] else None
+        first = _first_assignment(name, functions) if name else None
+        dtype = next((short for long, short in _SHORT_DTYPES.items() if first and f"tl.{long}" in first[2]), None)
+        if dtype in (None, "fp32"):
+            return ""
+    return f"\n{name} starts as {dtype} in line {first[1]} of {first[0]}: {first[2]}" if first else ""
 
 
 def describe_compile_error(found, functions, target: str) -> str:
@@ -326,10 +354,13 @@ def describe_compile_error(found, functions, target: str) -> str:
                  and any(key in t for key in keys for t in texts)), "")
     if not hint and "not compile" not in verdict:
         hint = f"the compiled kernel does not fit the GPU: {verdict}."
+    accumulator = _accumulator_line(reason, where, functions)
+    if accumulator and not hint:
+        hint = ACCUMULATOR_HINT
     at = f"\nIn line {where[1]} of {where[0]}: {where[2]}" if where and where[2] else ""
     return (f"compiled for a GPU ({target}), your kernel is refused: {verdict}. The interpreter ran it, but a GPU "
             f"would stop at the first launch, before any result.\n{reason}{at}"
-            + _loop_variable_line(reason, functions) + (f"\nHint: {hint}" if hint else ""))
+            + accumulator + (f"\nHint: {hint}" if hint else ""))
 
 
 def launch(kernel, grid, *args, where: str, source=None, undefined_lanes: bool = True, **kwargs) -> None:
