@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import random
+import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # The user may force either mode with TRITON_INTERPRET=0/1; otherwise no GPU means interpreter.
 if "TRITON_INTERPRET" not in os.environ and not HAS_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
+    if "triton.language" in sys.modules:  # too late for Triton's own jit functions (tl.max, tl.softmax, ...)
+        warnings.warn("flashattn: triton was imported before flashattn, so Triton's own @triton.jit functions "
+                      "(tl.max, tl.softmax, ...) were made for a GPU, and a kernel run in the interpreter that calls "
+                      "them from a function of its own can fail with \"Cannot call @triton.jit'd outside of the "
+                      "scope of a kernel\". Import flashattn first, or set TRITON_INTERPRET=1 before importing "
+                      "triton.", stacklevel=2)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 MODE = "interpreter" if INTERPRET else "gpu"

@@ -41,6 +41,11 @@ _pin_xdist_worker_to_a_gpu()  # before torch: CUDA reads CUDA_VISIBLE_DEVICES wh
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+# before any test file imports triton: without a GPU, flashattn.runtime sets TRITON_INTERPRET, which Triton reads when
+# it makes its own jit functions (tl.max, ...); a test file that imports triton first would otherwise change what the
+# test files after it see (three exercise mutants failed after tests/test_triton_compat.py)
+import flashattn  # noqa: E402,F401
+
 # Kernels run in Triton's CPU interpreter in CI: few, slow examples. FLASHATTN_EXAMPLES raises the count.
 settings.register_profile(
     "course",

@@ -42,6 +42,17 @@ def test_no_gpu_sets_interpreter_before_triton_is_used():
     assert out == "interpreter 1"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU default")
+def test_importing_triton_first_is_warned_about_and_the_other_order_is_not():
+    """Triton makes its own jit functions when it is imported: flashattn sets TRITON_INTERPRET too late for those."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    late, early = (subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, env=env,
+                                  timeout=300) for code in ("import triton, flashattn", "import flashattn, triton"))
+    assert late.returncode == 0 and "triton was imported before flashattn" in late.stderr
+    assert "Import flashattn first, or set TRITON_INTERPRET=1" in late.stderr
+    assert early.returncode == 0 and "triton was imported before flashattn" not in early.stderr
+
+
 def test_size_override():
     assert run_python("import flashattn; print(flashattn.runtime.SIZES.name)", FLASHATTN_SIZE="full") == "full"
     assert run_python("import flashattn; print(flashattn.runtime.SIZES.N)", FLASHATTN_SIZE="small") == str(
