@@ -26,6 +26,7 @@ import traceback
 
 import numpy as np
 import torch
+import triton
 
 from flashattn import runtime
 
@@ -346,6 +347,7 @@ def describe_compile_error(found, functions, target: str) -> str:
             chain.append(chain[-1].__cause__)
         texts = [str(e).strip() for e in chain]
         reason = next((t.splitlines()[-1] for t in reversed(texts) if t and not t.endswith("^")), texts[-1])
+        reason = reason or f"{type(chain[-1]).__name__}, without a message (Triton {triton.__version__})"
         where = learner_line(error, functions)
     else:
         texts, reason, where = [error], (error.strip().splitlines() or [verdict])[-1], None
