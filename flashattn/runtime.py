@@ -26,6 +26,10 @@ HAS_GPU = torch.cuda.is_available()
 # The repository (an editable install): figures/ and figures/data/ live here.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# Triton 3.9 warns at the first compile that its default of fusing a*b+c into one FMA will change in 3.10, unless this
+# is set: keep fusion on, as it is in every release before and in every recorded GPU run (the user may set it).
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
 # The user may force either mode with TRITON_INTERPRET=0/1; otherwise no GPU means interpreter.
 if "TRITON_INTERPRET" not in os.environ and not HAS_GPU:
     os.environ["TRITON_INTERPRET"] = "1"

@@ -53,6 +53,15 @@ def test_importing_triton_first_is_warned_about_and_the_other_order_is_not():
     assert early.returncode == 0 and "triton was imported before flashattn" not in early.stderr
 
 
+def test_fp_fusion_is_kept_on_unless_the_user_says_otherwise():
+    """Triton 3.9 warns at the first compile unless TRITON_DEFAULT_FP_FUSION is set; flashattn keeps its default."""
+    code = "import os, flashattn; print(os.environ['TRITON_DEFAULT_FP_FUSION'])"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_DEFAULT_FP_FUSION"}
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300).stdout.strip() == "1"
+    assert run_python(code, TRITON_DEFAULT_FP_FUSION="0") == "0"
+
+
 def test_size_override():
     assert run_python("import flashattn; print(flashattn.runtime.SIZES.name)", FLASHATTN_SIZE="full") == "full"
     assert run_python("import flashattn; print(flashattn.runtime.SIZES.N)", FLASHATTN_SIZE="small") == str(
