@@ -82,20 +82,17 @@ def test_one_query_one_key_and_auto_splits(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("page_size, tiles", [(16, (32, 4, 1)), (32, (16, 4, 1)), (32, (32, 4, 1)), (48, (32, 4, 1)),
                                               (64, (32, 4, 1))])
-def test_paged_equals_contiguous(dtype, page_size, tiles, table_row, monkeypatch):
+def test_paged_equals_contiguous(dtype, page_size, tiles, table_row):
     # pages shorter than a key block (one table entry per key), holding whole blocks (one per block), and a page
     # size that is no multiple of the block; lengths at a page boundary ± 1. With decode_plan.TABLE_ROW_MAX_PAGES
     # (off by default) the launches whose pages hold whole blocks read the table row up front (the split kernel's
     # TABLE_ROW) and pick each page from it
-    monkeypatch.setattr(decode_plan, "TABLE_ROW_MAX_PAGES", table_row)
-    monkeypatch.setattr(decode, "_PREPARED", {})  # (its problems do not know the switch)
-    decode.make_plan.cache_clear()
     B, S_max, Hkv, D = 3, 100, 2, 32
     k, v = contiguous_cache(B, S_max, Hkv, D, dtype, seed=page_size)
     kp, vp, table = paged(k, v, page_size, seed=page_size)
     q = randn(torch.Generator().manual_seed(5), B, 2, 4, D, dtype=dtype)
     seqlens = lens(page_size - 1, page_size + 1, S_max)
-    try:
+    with decode.table_rows(table_row):
         for causal, num_splits in ((True, 1), (True, 3), (False, 2)):
             plan = decode.make_plan(B, 2, 4, Hkv, D, table.shape[1] * page_size, dtype, num_splits, DEV, tiles, True,
                                     None, page_size)
@@ -103,8 +100,6 @@ def test_paged_equals_contiguous(dtype, page_size, tiles, table_row, monkeypatch
             out = check(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=num_splits, tiles=tiles)
             flat = decode.decode_attention(q, k, v, seqlens, causal=causal, num_splits=num_splits, tiles=tiles)
             assert rel_error(out, flat) < TOL[dtype]
-    finally:
-        decode.make_plan.cache_clear()
 
 
 def test_which_paged_launches_take_the_table_row(monkeypatch):

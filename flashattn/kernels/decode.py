@@ -27,6 +27,7 @@ sequence's i-th page to a physical page, looked up per key block (``_kv_offsets`
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -35,7 +36,7 @@ import triton.language as tl
 
 from flashattn.validate import check_int_seqlen, check_kvcache_inputs, check_kvcache_values
 
-from . import launch_cache
+from . import decode_plan, launch_cache
 from .constants import LN_2, LOG2_E
 from .decode_plan import (  # noqa: F401  (the plan's rules, read as decode.X by notebook 15, the tests and tools)
     FLOAT32_TILES,
@@ -305,6 +306,22 @@ _TICKETS: dict = {}
 
 _PREPARED: dict = {}
 _MAX_PREPARED = 256
+
+
+@contextlib.contextmanager
+def table_rows(pages: int):
+    """Inside: ``decode_plan.TABLE_ROW_MAX_PAGES = pages`` (the split kernel's table row for rows of up to that many
+    pages; 0: off), with the plans and prepared problems made anew; on leaving, both as they were. What the compile
+    checks and ``tools/gpu/decode/table_row.py`` switch it with while it is off by default."""
+    global _PREPARED
+    switch, prepared = decode_plan.TABLE_ROW_MAX_PAGES, _PREPARED
+    decode_plan.TABLE_ROW_MAX_PAGES, _PREPARED = pages, {}
+    make_plan.cache_clear()
+    try:
+        yield
+    finally:
+        decode_plan.TABLE_ROW_MAX_PAGES, _PREPARED = switch, prepared
+        make_plan.cache_clear()
 
 
 def problem_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, tiles,

@@ -242,20 +242,14 @@ def _captured_launches(where: device.Target, D: int, dtype: torch.dtype) -> dict
 def _table_row_launch(D: int, dtype: torch.dtype, tiles: tuple, dev) -> None:
     """A paged decoding launch with the split kernel's TABLE_ROW (``decode_plan.TABLE_ROW_MAX_PAGES``, off by
     default: switched on for this launch alone, its plan and prepared problem not kept)."""
-    from flashattn.kernels import decode, decode_plan
+    from flashattn.kernels import decode
 
     page = 2 * tiles[0]  # pages of two key blocks
     pages = torch.zeros(2 * N // page, page, 2, D, dtype=dtype, device=dev)
     table = torch.arange(2 * N // page, dtype=torch.int32, device=dev).view(2, -1)
-    switch, prepared = decode_plan.TABLE_ROW_MAX_PAGES, decode._PREPARED
-    decode_plan.TABLE_ROW_MAX_PAGES, decode._PREPARED = N // page, {}
-    decode.make_plan.cache_clear()
-    try:
+    with decode.table_rows(N // page):
         decode.decode_attention(torch.zeros(2, 1, 8, D, dtype=dtype, device=dev), pages, pages, N, block_table=table,
                                 num_splits=4, tiles=tiles)
-    finally:
-        decode_plan.TABLE_ROW_MAX_PAGES, decode._PREPARED = switch, prepared
-        decode.make_plan.cache_clear()
 
 
 def _captured_case(where: device.Target, D: int, dtype: torch.dtype, name: str):

@@ -31,7 +31,7 @@ import probe  # noqa: E402  (this folder's probe: its timer, interleaved rounds,
 from probe import DEV, DRY, OUT, log  # noqa: E402
 
 from flashattn import runtime  # noqa: E402
-from flashattn.kernels import decode, decode_plan  # noqa: E402
+from flashattn.kernels import decode  # noqa: E402
 from flashattn.measure.measurements.decode import cuda_graph_replay  # noqa: E402
 from flashattn.reference import rel_error  # noqa: E402
 
@@ -40,31 +40,23 @@ ON = 64  # TABLE_ROW_MAX_PAGES for "on": rows of up to 64 pages (16k keys in pag
 CELLS = [(B, Hkv, S) for S in (1024, 4096, 16384) for B in (1, 4, 16, 64) for Hkv in (8, 32)]
 
 
-def switched(pages: int) -> None:
-    """The table row on (rows of up to ``pages`` pages) or off (0), and the plans and prepared problems made again."""
-    decode_plan.TABLE_ROW_MAX_PAGES = pages
-    decode.make_plan.cache_clear()
-    decode._PREPARED.clear()
-
-
 def correctness() -> list[dict]:
     rows = []
     S, page = (128, 32) if DRY else (16384, PAGE)
     for q, _, _, kp, vp, table, seqlens, causal in probe.ragged_problems(S, page):
         B, Lq, Hq, D = q.shape
         for splits in ((0, 3) if DRY else (0, 4, 16)):
-            switched(0)
-            off = decode.decode_attention(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=splits)
-            switched(ON)
-            plan = decode.make_plan(B, Lq, Hq, kp.shape[2], D, S, q.dtype, splits, q.device, None, True, None, page)
-            row = probe.check(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=splits,
-                              label=f"table row {plan.table_row}, stages {plan.num_stages}")
-            on = decode.decode_attention(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=splits)
+            with decode.table_rows(0):
+                off = decode.decode_attention(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=splits)
+            with decode.table_rows(ON):
+                plan = decode.make_plan(B, Lq, Hq, kp.shape[2], D, S, q.dtype, splits, q.device, None, True, None, page)
+                row = probe.check(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=splits,
+                                  label=f"table row {plan.table_row}, stages {plan.num_stages}")
+                on = decode.decode_attention(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=splits)
             row["vs_off"] = rel_error(on, off)
             row["table_row"] = plan.table_row
             row["ok"] = row["ok"] and plan.table_row > 0 and row["vs_off"] < 1e-3
             rows.append(row)
-    switched(0)
     return rows
 
 
@@ -82,13 +74,13 @@ def time_cell(B: int, Hkv: int, S: int, D: int, bandwidth: float) -> dict:
            "paged, table row": lambda: decode.decode_attention(q, kp, vp, seqlens, block_table=table)}
     timed, plans = {}, {}
     for name, fn in fns.items():
-        switched(ON if name == "paged, table row" else 0)
-        fn()
-        if name != "sdpa":
-            plans[name] = decode.make_plan(B, 1, Hq, Hkv, D, S, torch.float16, 0, q.device, None, name != "contiguous",
-                                           None, PAGE if name != "contiguous" else 0)._asdict()
-        timed[name] = fn if DRY else cuda_graph_replay(fn)  # the launch is fixed when captured
-    switched(0)
+        with decode.table_rows(ON if name == "paged, table row" else 0):
+            fn()
+            if name != "sdpa":
+                paged = name != "contiguous"
+                plans[name] = decode.make_plan(B, 1, Hq, Hkv, D, S, torch.float16, 0, q.device, None, paged, None,
+                                               PAGE if paged else 0)._asdict()
+            timed[name] = fn if DRY else cuda_graph_replay(fn)  # the launch is fixed when captured
     ms = probe.interleaved(timed)
     sdpa = ms["sdpa"]
     log(f"  B={B} Hkv={Hkv} S={S}: " + "  ".join(
