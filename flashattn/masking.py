@@ -24,7 +24,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from flashattn import masking_gluon, runtime
+from flashattn import masking_gluon, ops, runtime
 from flashattn.kernels import launch_cache, mask_blocks, masked
 from flashattn.kernels import masked_backward as masked_bwd
 from flashattn.kernels.fast_backward import delta_rows
@@ -108,11 +108,12 @@ def _as_4d(q, k, v, spec: Spec):
     return tuple(map(_packed_view, (q, k, v))) if spec.packed else (q, k, v)
 
 
-def _check(q, k, v, spec: Spec, scale) -> tuple:
-    """The inputs as (B, H, N, D) views, checked; returns (q4, k4, v4, scale)."""
+def _check(q, k, v, spec: Spec, scale, shapes_only: bool = False) -> tuple:
+    """The inputs as (B, H, N, D) views, checked (``shapes_only``: for the operator, meta tensors accepted); returns
+    (q4, k4, v4, scale)."""
     q4, k4, v4 = _as_4d(q, k, v, spec)
     *_, scale = check_attention_inputs(q4, k4, v4, variant="masked attention", causal=spec.causal, scale=scale,
-                                       head_dims=HEAD_DIMS)
+                                       head_dims=HEAD_DIMS, shapes_only=shapes_only)
     return q4, k4, v4, scale
 
 
@@ -392,18 +393,17 @@ def _check_options(options: dict) -> None:
 
 
 def _apply(q, k, v, spec: Spec, scale, options: dict):
-    if not spec.packed and spec.mask is None:  # (tensor subclasses: no key, the ordinary path)
+    direct = ops.direct(q, k, v)  # eager, real tensors, nothing watching the dispatcher: the kernels themselves
+    if direct and not spec.packed and spec.mask is None:
         prepared = _window_forward(q, k, v, spec, scale, options)
         if prepared is not None:
             scale, run = prepared
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
                 return _MaskedAttention.apply(q, k, v, spec, scale, options, run)
             return run(q, k, v)[0]
-    *_, scale = _check(q, k, v, spec, scale)
+    *_, scale = _check(q, k, v, spec, scale, shapes_only=not direct)
     _check_options(options)
-    if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in (q, k, v)):
-        from flashattn import ops  # the operator: one node to torch.compile (and to tensor subclasses)
-
+    if not direct:  # the operator: one node to torch.compile, tensor subclasses, meta tensors and dispatch modes
         return ops.masked_attention(q, k, v, spec, scale, options)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return _MaskedAttention.apply(q, k, v, spec, scale, options)

@@ -32,10 +32,13 @@ kernels read them in place and the model's ``.transpose(1, 2)`` of the result is
 variant="fast", **options)`` as ``"block_m=64;num_warps=4"`` (:func:`encode`), empty for the defaults. The
 backward gets only the options it follows (:data:`BACKWARD_OPTIONS`).
 
-:func:`attention` is what ``flashattn.attention(..., variant="fast")`` and the drop-in call: eagerly, without
-gradients, the kernel function itself (no operator to dispatch through); eagerly with gradients on real tensors,
-:class:`_Eager`, an autograd node around the same kernel functions with one output (tensor subclasses: the forward
-operator's autograd kernel, what the dispatcher would call for it); under ``torch.compile``, the operator. While
+:func:`attention` is what ``flashattn.attention(..., variant="fast")`` and the drop-in call. Eagerly on real tensors
+with nothing watching the dispatcher (:func:`direct`): without gradients the kernel function itself (no operator to
+dispatch through), with gradients :class:`_Eager`, an autograd node around the same kernel functions with one
+output. Otherwise the operators, so that what watches sees them: tensor subclasses, meta tensors and dispatch modes
+(``FlopCounterMode``, selective activation checkpointing) get the forward operator's autograd kernel, what the
+dispatcher would call for it; ``torch.compile`` traces the operator. ``FlopCounterMode`` counts each operator with
+torch's own formulas for SDPA (the end of this module). While
 ``torch.compile`` traces, it first runs the kernel's input checks in Python, so that a bad input raises the
 same ``ValueError`` or ``TypeError`` as in eager (Dynamo falls back to eager for the frame that raises; with
 ``fullgraph=True`` Dynamo reports it as ``Unsupported`` carrying that message: it never lets an exception out
@@ -50,6 +53,7 @@ import functools
 
 import torch
 from torch.autograd.function import once_differentiable
+from torch.utils import flop_counter
 
 from flashattn.kernels import descriptors, fast, fast_backward, fast_options
 from flashattn.validate import check_attention_inputs
@@ -90,29 +94,33 @@ def fast_backward_kernel(q, k, v, o, lse, do, causal, scale, options):
 
 def _fast_forward_fake(q, k, v, causal, scale, options):
     B, Hq, _, L, _, D, _ = check_attention_inputs(q, k, v, variant="fast", causal=causal, scale=scale,
-                                                  head_dims=fast.HEAD_DIMS)
+                                                  head_dims=fast.HEAD_DIMS, shapes_only=True)
     return descriptors.empty_in_layout_of(q), q.new_empty((B, Hq, L), dtype=torch.float32)
 
 
 def _fast_backward_fake(q, k, v, o, lse, do, causal, scale, options):
-    fast_backward.check_inputs(q, k, v, o, lse, do, causal=causal, scale=scale)
+    fast_backward.check_inputs(q, k, v, o, lse, do, causal=causal, scale=scale, shapes_only=True)
     return tuple(descriptors.empty_in_layout_of(t) for t in (q, k, v))
 
 
-def _plain(*tensors) -> bool:
-    """Real tensors outside a trace: the operators' kernels can be called as Python functions, without the
-    dispatcher's round trip (what each registered kernel would run anyway)."""
-    return all(type(t) is torch.Tensor for t in tensors) and not torch.compiler.is_compiling()
+def direct(*tensors) -> bool:
+    """Real tensors with data, outside a trace and outside any ``TorchDispatchMode``: the operators' kernels can be
+    called as Python functions, without the dispatcher's round trip (what each registered kernel would run anyway).
+    Otherwise the call goes through the operators, so that whatever watches the dispatcher sees them: torch.compile,
+    tensor subclasses, meta tensors (their shapes from the fake implementations), and dispatch modes such as
+    ``FlopCounterMode``, selective activation checkpointing's and ``DebugMode``."""
+    return (all(type(t) is torch.Tensor and not t.is_meta for t in tensors) and not torch.compiler.is_compiling()
+            and not torch._C._len_torch_dispatch_stack())
 
 
 class _FastForward(torch.autograd.Function):
     """The forward operator's autograd kernel: below autograd the operator runs again (so that fake tensors reach
     the fake implementation), and its backward is the backward operator. On real tensors in eager both call their
-    kernels directly (:func:`_plain`): the same code, two dispatches fewer per step."""
+    kernels directly (:func:`direct`): the same code, two dispatches fewer per step."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, options):
-        if _plain(q, k, v):
+        if direct(q, k, v):
             o, lse = fast_forward(q, k, v, causal, scale, options)
         else:
             with torch._C._AutoDispatchBelowAutograd():
@@ -127,7 +135,7 @@ class _FastForward(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        backward = fast_backward_kernel if _plain(q, k, v, o, lse, do) else BACKWARD
+        backward = fast_backward_kernel if direct(q, k, v, o, lse, do) else BACKWARD
         dq, dk, dv = backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.options)
         return dq, dk, dv, None, None, None
 
@@ -173,10 +181,11 @@ _UNSEEN = object()
 
 
 def _register(forward: str, backward: str, kernels: tuple, fakes: tuple, autograd) -> tuple:
-    """A forward and a backward operator: each one's kernel (CPU and CUDA) and fake implementation, and the forward's
-    autograd kernel. Returns their overloads (forward, backward)."""
+    """A forward and a backward operator: each one's kernel (CPU and CUDA) and fake implementation (which is also
+    its kernel for meta tensors), and the forward's autograd kernel. Returns their overloads (forward, backward)."""
     for name, kernel, fake in zip((forward, backward), kernels, fakes, strict=True):
-        _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")
+        for device in ("CPU", "CUDA"):  # (not CompositeExplicitAutograd, which would take the Meta key too)
+            _LIBRARY.impl(name, kernel, device)
         torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
     _LIBRARY.impl(forward, autograd, "Autograd")
     return getattr(torch.ops.flashattn, forward).default, getattr(torch.ops.flashattn, backward).default
@@ -201,11 +210,11 @@ def attention(q, k, v, causal: bool, scale, options: dict):
         if options:  # (resolve's cache hashes its key, which Dynamo does not trace; the checks themselves it does)
             same_shapes = q.shape[-2] == k.shape[-2] and q.shape[1] == k.shape[1]
             fast_options._check(q.dtype, q.shape[-1], causal, options, same_shapes)
-    if not compiling and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    if not compiling and direct(q, k, v):  # eager: the kernels themselves (through _Eager's autograd for gradients)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _Eager.apply(q, k, v, causal, scale, options)
         return fast.attention_fast(q, k, v, causal=causal, scale=scale, **options)
-    if not compiling and _plain(q, k, v):  # eager: the kernels themselves, through _Eager's autograd
-        return _Eager.apply(q, k, v, causal, scale, options)
-    if not compiling and tensors:  # tensor subclasses: the forward operator's autograd kernel itself
+    if not compiling and tensors:  # subclasses, meta tensors, dispatch modes: the forward operator's autograd kernel
         return _FastForward.apply(q, k, v, causal, scale, encode(options))[0]
     return FORWARD(q, k, v, causal, scale, encode(options))[0]
 
@@ -287,3 +296,46 @@ def masked_attention(q, k, v, spec, scale: float, options: dict):
     subclasses), its inputs already checked."""
     return MASKED_FORWARD(q, k, v, spec.mask, spec.cu_q, spec.cu_k, spec.max_q, spec.max_k, spec.left, spec.right,
                           spec.causal, scale, encode(options))[0]
+
+
+# --- FLOPs for torch.utils.flop_counter.FlopCounterMode ---------------------------------------------------------
+# Counted as torch counts SDPA's (``sdpa_flop_count``: the forward's two products; ``sdpa_backward_flop_count``: the
+# backward's five, the scores recomputed), with neither the causal half nor a mask or window taken off, so that a
+# model's count, and the MFU worked out from it, is the same on the drop-in as on SDPA; packed documents per
+# document, as torch counts varlen attention. Grouped K/V heads are counted per query head, as torch counts them.
+
+def _sdpa_flops(q_shape, k_shape, v_shape, backward: bool) -> int:
+    B, Hq, L, D = q_shape
+    q, k, v = (B, Hq, L, D), (B, Hq, k_shape[-2], D), (B, Hq, k_shape[-2], v_shape[-1])
+    if backward:
+        return flop_counter.sdpa_backward_flop_count((B, Hq, L, v_shape[-1]), q, k, v)
+    return flop_counter.sdpa_flop_count(q, k, v)
+
+
+@flop_counter.register_flop_formula(torch.ops.flashattn.fast_forward)
+def _fast_forward_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    return _sdpa_flops(q_shape, k_shape, v_shape, backward=False)
+
+
+@flop_counter.register_flop_formula(torch.ops.flashattn.fast_backward)
+def _fast_backward_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    return _sdpa_flops(q_shape, k_shape, v_shape, backward=True)
+
+
+def _masked_flops(q, k, v, cu_q, cu_k, backward: bool) -> int:
+    if cu_q is None:  # (B, H, L, D): the whole L × S, as for SDPA with the same mask
+        return _sdpa_flops(q.shape, k.shape, v.shape, backward)
+    lengths_q, lengths_k = ((cu[1:] - cu[:-1]).tolist() for cu in (cu_q, cu_k))  # packed (total, H, D)
+    (_, Hq, D), Dv = q.shape, v.shape[-1]
+    return sum(_sdpa_flops((1, Hq, lq, D), (1, Hq, lk, D), (1, Hq, lk, Dv), backward)
+               for lq, lk in zip(lengths_q, lengths_k, strict=True))
+
+
+@flop_counter.register_flop_formula(torch.ops.flashattn.masked_forward, get_raw=True)
+def _masked_forward_flops(q, k, v, attn_mask, cu_q, cu_k, *args, out_val=None, **kwargs) -> int:
+    return _masked_flops(q, k, v, cu_q, cu_k, backward=False)
+
+
+@flop_counter.register_flop_formula(torch.ops.flashattn.masked_backward, get_raw=True)
+def _masked_backward_flops(q, k, v, o, lse, do, attn_mask, cu_q, cu_k, *args, out_val=None, **kwargs) -> int:
+    return _masked_flops(q, k, v, cu_q, cu_k, backward=True)

@@ -98,7 +98,15 @@ def check_causal(causal) -> bool:
     return causal
 
 
-def _check_kernel_dtype_device_and_d(q, variant: str, D: int, head_dims) -> None:
+def _check_kernel_dtype_device_and_d(q, variant: str, D: int, head_dims, shapes_only: bool = False) -> None:
+    """``shapes_only``: the caller computes no data, only the outputs' shapes (an operator's fake implementation), so
+    meta tensors are accepted; elsewhere they are refused by name (a kernel would read their missing data)."""
+    if q.is_meta and not shapes_only:
+        raise ValueError(
+            f"{variant}: q, k and v are meta tensors, which hold no data for a kernel to read; the operators give "
+            "the outputs' shapes on meta tensors: the drop-in scaled_dot_product_attention, "
+            "attention(variant='fast') and attention_varlen"
+        )
     if q.dtype not in KERNEL_DTYPES:
         raise TypeError(
             f"{variant}: dtype {q.dtype} is not supported; accepted: {_DTYPE_NAMES} "
@@ -119,7 +127,7 @@ def _check_kernel_dtype_device_and_d(q, variant: str, D: int, head_dims) -> None
     if runtime.MODE == "gpu" and q.dtype == torch.bfloat16 and runtime.CAPABILITY < (8, 0):
         raise TypeError(f"{variant}: bfloat16 needs a GPU of sm_80 or newer; this one is {sm} ({runtime.gpu_name()}). "
                         "Use float16 (or float32)")
-    if runtime.MODE == "gpu" and q.device.type != "cuda":
+    if runtime.MODE == "gpu" and q.device.type != "cuda" and not q.is_meta:
         raise ValueError(
             f"{variant}: GPU mode needs CUDA tensors, got tensors on {q.device}; "
             "move them with .cuda() (or set TRITON_INTERPRET=1 to use the CPU interpreter)"
@@ -139,12 +147,14 @@ def check_kernel_inputs(q, k, v, *, variant: str, causal, scale, head_dims=POW2_
     return B, H, N, D, check_scale(scale, D)
 
 
-def check_attention_inputs(q, k, v, *, variant: str, causal, scale, head_dims=POW2_HEAD_DIMS):
+def check_attention_inputs(q, k, v, *, variant: str, causal, scale, head_dims=POW2_HEAD_DIMS,
+                           shapes_only: bool = False):
     """:func:`check_kernel_inputs` for a variant that takes L != S and grouped K/V heads
-    (:func:`check_attention_shapes`). Returns (B, Hq, Hkv, L, S, D, scale)."""
+    (:func:`check_attention_shapes`); ``shapes_only`` for an operator's fake implementation (meta tensors
+    accepted). Returns (B, Hq, Hkv, L, S, D, scale)."""
     B, Hq, Hkv, L, S, D = check_attention_shapes(q, k, v)
     causal = check_causal(causal)
-    _check_kernel_dtype_device_and_d(q, variant, D, head_dims)
+    _check_kernel_dtype_device_and_d(q, variant, D, head_dims, shapes_only)
     return B, Hq, Hkv, L, S, D, check_scale(scale, D)
 
 

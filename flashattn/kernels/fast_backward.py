@@ -283,13 +283,14 @@ def gluon_refusal(q, k, v, do, causal: bool, options: dict) -> str | None:
     return None
 
 
-def check_inputs(q, k, v, o, lse, do, *, causal, scale):
+def check_inputs(q, k, v, o, lse, do, *, causal, scale, shapes_only=False):
     """q (B, Hq, L, D); k, v (B, Hkv, S, D) with Hq a multiple of Hkv, as the forward checks them; o and do
-    like q; lse (B, Hq, L) float32. Returns (B, Hq, Hkv, L, S, D, scale)."""
+    like q; lse (B, Hq, L) float32 (``shapes_only``: the operator's fake implementation, meta tensors accepted).
+    Returns (B, Hq, Hkv, L, S, D, scale)."""
     if isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[-1] > MAX_HEAD_DIM:
         raise ValueError(f"fast backward: head dimension D={q.shape[-1]} is not supported; accepted: 1 to {MAX_HEAD_DIM}")
     B, HQ, HKV, L, S, D, scale = check_attention_inputs(q, k, v, variant="fast backward", causal=causal, scale=scale,
-                                                        head_dims=range(1, MAX_HEAD_DIM + 1))
+                                                        head_dims=range(1, MAX_HEAD_DIM + 1), shapes_only=shapes_only)
     check_o_lse_do(q, o, lse, do, variant="fast backward")
     return B, HQ, HKV, L, S, D, scale
 
