@@ -108,7 +108,7 @@ def direct(*tensors) -> bool:
     called as Python functions, without the dispatcher's round trip (what each registered kernel would run anyway).
     Otherwise the call goes through the operators, so that whatever watches the dispatcher sees them: torch.compile,
     tensor subclasses, meta tensors (their shapes from the fake implementations), and dispatch modes such as
-    ``FlopCounterMode``, selective activation checkpointing's and ``DebugMode``."""
+    ``FlopCounterMode`` and selective activation checkpointing's."""
     return (all(type(t) is torch.Tensor and not t.is_meta for t in tensors) and not torch.compiler.is_compiling()
             and not torch._C._len_torch_dispatch_stack())
 
@@ -299,9 +299,10 @@ def masked_attention(q, k, v, spec, scale: float, options: dict):
 
 
 # --- FLOPs for torch.utils.flop_counter.FlopCounterMode ---------------------------------------------------------
-# Counted as torch counts SDPA's (``sdpa_flop_count``: the forward's two products; ``sdpa_backward_flop_count``: the
-# backward's five, the scores recomputed), with neither the causal half nor a mask or window taken off, so that a
-# model's count, and the MFU worked out from it, is the same on the drop-in as on SDPA; packed documents per
+# Counted as torch counts SDPA's GPU kernels (``sdpa_flop_count``: the forward's two products;
+# ``sdpa_backward_flop_count``: the backward's five, the scores recomputed), with neither the causal half nor a mask
+# or window taken off, so that on a GPU a model's count, and the MFU worked out from it, is the same on the drop-in
+# as on SDPA (torch has no formula for its CPU kernel, and counts it as nothing); packed documents per
 # document, as torch counts varlen attention. Grouped K/V heads are counted per query head, as torch counts them.
 
 def _sdpa_flops(q_shape, k_shape, v_shape, backward: bool) -> int:

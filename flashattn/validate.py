@@ -101,12 +101,6 @@ def check_causal(causal) -> bool:
 def _check_kernel_dtype_device_and_d(q, variant: str, D: int, head_dims, shapes_only: bool = False) -> None:
     """``shapes_only``: the caller computes no data, only the outputs' shapes (an operator's fake implementation), so
     meta tensors are accepted; elsewhere they are refused by name (a kernel would read their missing data)."""
-    if q.is_meta and not shapes_only:
-        raise ValueError(
-            f"{variant}: q, k and v are meta tensors, which hold no data for a kernel to read; the operators give "
-            "the outputs' shapes on meta tensors: the drop-in scaled_dot_product_attention, "
-            "attention(variant='fast') and attention_varlen"
-        )
     if q.dtype not in KERNEL_DTYPES:
         raise TypeError(
             f"{variant}: dtype {q.dtype} is not supported; accepted: {_DTYPE_NAMES} "
@@ -137,6 +131,12 @@ def _check_kernel_dtype_device_and_d(q, variant: str, D: int, head_dims, shapes_
                     else ", ".join(map(str, head_dims)))
         hint = "" if variant in ("v2_padded", "fast") else "; for other head dimensions use the 'v2_padded' variant"
         raise ValueError(f"{variant}: head dimension D={D} is not supported; accepted: {accepted}{hint}")
+    if q.is_meta and not shapes_only:
+        raise ValueError(
+            f"{variant}: q, k and v are meta tensors, which hold no data for a kernel to read; the operators give "
+            "the outputs' shapes on meta tensors: the drop-in scaled_dot_product_attention, "
+            "attention(variant='fast') and attention_varlen"
+        )
 
 
 def check_kernel_inputs(q, k, v, *, variant: str, causal, scale, head_dims=POW2_HEAD_DIMS):
