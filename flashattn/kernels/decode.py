@@ -363,7 +363,7 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_sc
         dict(D=D, D_PAD=padded_head_dim(D), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PAGE_SIZE=p["page_size"],
              CAUSAL=p["causal"], SPLIT=split, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
              MERGE=plan.merge_rows > 0, BLOCK_S=triton.next_power_of_2(plan.num_splits),
-             MERGE_ROWS=max(plan.merge_rows, 1), **({"TABLE_ROW": plan.table_row} if plan.table_row else {})),
+             MERGE_ROWS=max(plan.merge_rows, 1), TABLE_ROW=plan.table_row),
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     merge_launch = tickets = None
     if plan.merge_rows:

@@ -50,6 +50,17 @@ def _key(arg):
     return arg  # integers, booleans, None: exactly
 
 
+def _check_names(kernel, args: tuple, constexprs: dict) -> tuple:
+    """The names of the kernel's parameters after ``args``, which ``constexprs`` must give, every one (a default is
+    no excuse: the compiled kernel is called with all of them, in this order). Checked in every mode, so that a
+    launch the GPU would refuse fails in the interpreter too."""
+    order = tuple(kernel.arg_names[len(args):])
+    if sorted(order) != sorted(constexprs):
+        raise TypeError(f"launch_cache.launch({kernel.__name__}): after {len(args)} positional arguments the kernel "
+                        f"takes {', '.join(order)}; got {', '.join(constexprs)}")
+    return order
+
+
 def _compiled(kernel, grid: tuple, args: tuple, constexprs: dict, options: dict) -> tuple:
     """(runner, the constexprs' names in the kernel's order, whether this call already launched the kernel): the
     compiled kernel for this call, compiled (and launched) by ``kernel[grid](...)`` on the first call of its key."""
@@ -57,10 +68,7 @@ def _compiled(kernel, grid: tuple, args: tuple, constexprs: dict, options: dict)
     entry = _runners.get(key)
     if entry is not None:
         return (*entry, False)
-    order = tuple(kernel.arg_names[len(args):])
-    if sorted(order) != sorted(constexprs):
-        raise TypeError(f"launch_cache.launch({kernel.__name__}): after {len(args)} positional arguments the kernel "
-                        f"takes {', '.join(order)}; got {', '.join(constexprs)}")
+    order = _check_names(kernel, args, constexprs)
     compiled = kernel[grid](*args, **constexprs, **options)
     if len(_runners) >= _MAX_ENTRIES:
         _runners.clear()
@@ -72,9 +80,11 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, **options) -> Non
     """``kernel[grid](*args, **constexprs, **options)``: ``args`` the kernel's first parameters in order,
     ``constexprs`` its remaining ones by name, ``options`` the launch options (num_warps, num_stages, ...)."""
     if _captured is not None:
+        _check_names(kernel, args, constexprs)
         _captured.append((kernel, grid, args, constexprs, options))
         return
     if runtime.MODE != "gpu":
+        _check_names(kernel, args, constexprs)
         kernel[grid](*args, **constexprs, **options)
         return
     runner, order, launched = _compiled(kernel, grid, args, constexprs, options)
