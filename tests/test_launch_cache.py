@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from flashattn import runtime
 from flashattn.kernels import launch_cache
@@ -76,3 +78,25 @@ def test_constexprs_that_do_not_match_the_kernel_raise():
     with pytest.raises(TypeError, match="BLOCK"):
         launch_cache.launch(bwd_preprocess_fast, (1, 1), (o, o, o, o, 1, 32, 0, 0, 64, 0, 0, 64, 0, 0, 0),
                             dict(D=64, D_PAD=64, BLOK=64, ZERO_DQ=False))
+
+
+@triton.jit
+def _fill(out, value, BLOCK: tl.constexpr, TWICE: tl.constexpr = False):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.full((BLOCK,), value, tl.float32) * (2.0 if TWICE else 1.0))
+
+
+def test_a_parameter_left_to_its_default_is_refused_in_every_mode():
+    """The compiled kernel is called with every parameter after the positional ones, so a launch must name each one,
+    defaults included; checked in the interpreter and in a capture too (a decode launch once passed this only on the
+    CPU, and every call of it failed on the GPU)."""
+    out = torch.zeros(16, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(TypeError, match="takes BLOCK, TWICE; got BLOCK"):
+        launch_cache.launch(_fill, (1,), (out, 3.0), dict(BLOCK=16))
+    with launch_cache.capturing(), pytest.raises(TypeError, match="takes BLOCK, TWICE; got BLOCK"):
+        launch_cache.launch(_fill, (1,), (out, 3.0), dict(BLOCK=16))
+    run = launch_cache.bind(_fill, (1,), dict(BLOCK=16))
+    with pytest.raises(TypeError, match="takes BLOCK, TWICE; got BLOCK"):
+        run(out, 3.0)
+    launch_cache.launch(_fill, (1,), (out, 3.0), dict(BLOCK=16, TWICE=True))
+    assert torch.equal(out.cpu(), torch.full((16,), 6.0))
