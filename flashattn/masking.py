@@ -333,7 +333,7 @@ def _window_forward(q, k, v, spec: Spec, scale, options: dict):
     (o, lse), the checks and the choice of kernel made the first time (they depend on nothing else) and the Gluon
     launch bound; None for the ordinary path (:func:`_apply`). On a short window the GPU finishes the forward sooner
     than the host prepares it (checks, tiles, launch), so a training step runs at the host's pace."""
-    if torch.compiler.is_compiling() or launch_cache._captured is not None:
+    if launch_cache._captured is not None:  # (a trace, a subclass or a dispatch mode never gets here: ops.direct)
         return None
     key = launch_cache.problem_key((q, k, v), (spec.left, spec.right, spec.causal, scale, runtime.MODE), options)
     return None if key is None else launch_cache.kept(_FORWARD_RUNS, key,

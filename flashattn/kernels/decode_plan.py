@@ -88,8 +88,8 @@ MERGE_TILE_FLOATS = 8192  # the last program's merge tile (rows, splits, D) in f
 # TABLE_ROW): a paged program then waits for one load before its first key block, as a contiguous one does, not for
 # the length and then the page; and with no table load in its loop it takes the contiguous pipeline depth, not
 # paged_stages'. Written 2026-12-04 (stop 53) for decode_vs_sdpa's paged cells of 1k-16k keys that trail the
-# contiguous ones by more than 5 %. tools/gpu/decode/table_row.py ran on the H200 on 2026-12-05 (36 checks against
-# float64 and the per-block path, none bad): in pages of 256 keys it narrowed the paged path's gap to the contiguous
+# contiguous ones by more than 5 %. tools/gpu/decode/table_row.py ran on the H200 on 2026-12-05 (its checks against
+# float64 and the per-block path all passed): in pages of 256 keys it narrowed the paged path's gap to the contiguous
 # one at rows of 4 and 16 pages (1k and 4k keys) and widened it at 64 pages (16k keys; likely the cost of picking
 # each block's page out of a 64-wide row). 0 (off) until decode_vs_sdpa is recorded with a limit of 16 pages beside it.
 TABLE_ROW_MAX_PAGES = 0

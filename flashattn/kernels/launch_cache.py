@@ -79,13 +79,12 @@ def _compiled(kernel, grid: tuple, args: tuple, constexprs: dict, options: dict)
 def launch(kernel, grid: tuple, args: tuple, constexprs: dict, **options) -> None:
     """``kernel[grid](*args, **constexprs, **options)``: ``args`` the kernel's first parameters in order,
     ``constexprs`` its remaining ones by name, ``options`` the launch options (num_warps, num_stages, ...)."""
-    if _captured is not None:
+    if _captured is not None or runtime.MODE != "gpu":  # (on the GPU, _compiled checks the names once per key)
         _check_names(kernel, args, constexprs)
-        _captured.append((kernel, grid, args, constexprs, options))
-        return
-    if runtime.MODE != "gpu":
-        _check_names(kernel, args, constexprs)
-        kernel[grid](*args, **constexprs, **options)
+        if _captured is not None:
+            _captured.append((kernel, grid, args, constexprs, options))
+        else:
+            kernel[grid](*args, **constexprs, **options)
         return
     runner, order, launched = _compiled(kernel, grid, args, constexprs, options)
     if not launched:
