@@ -104,8 +104,9 @@ def test_paged_equals_contiguous(dtype, page_size, tiles, table_row):
 
 def test_which_paged_launches_take_the_table_row(monkeypatch):
     # pages holding whole key blocks, a row of at most TABLE_ROW_MAX_PAGES pages (rounded up to a power of two); none
-    # by default; with it, the contiguous pipeline depth instead of paged_stages'
-    assert decode_plan.TABLE_ROW_MAX_PAGES == 0 and decode_plan.table_row(256, 4096, 64) == 0
+    # beyond it; with it, the contiguous pipeline depth instead of paged_stages'
+    assert decode_plan.TABLE_ROW_MAX_PAGES == 16 and decode_plan.table_row(256, 4096, 64) == 16
+    assert decode_plan.table_row(256, 64 * 256, 64) == 0  # 64 pages: where it slowed the H200 (decode_plan's comment)
     monkeypatch.setattr(decode_plan, "TABLE_ROW_MAX_PAGES", 64)
     assert decode_plan.table_row(256, 4096, 64) == 16
     assert decode_plan.table_row(256, 3 * 256, 128) == 4

@@ -312,7 +312,7 @@ _MAX_PREPARED = 256
 def table_rows(pages: int):
     """Inside: ``decode_plan.TABLE_ROW_MAX_PAGES = pages`` (the split kernel's table row for rows of up to that many
     pages; 0: off), with the plans and prepared problems made anew; on leaving, both as they were. What the compile
-    checks and ``tools/gpu/decode/table_row.py`` switch it with while it is off by default."""
+    checks, the tests and ``tools/gpu/decode/table_row.py`` set it with."""
     global _PREPARED
     switch, prepared = decode_plan.TABLE_ROW_MAX_PAGES, _PREPARED
     decode_plan.TABLE_ROW_MAX_PAGES, _PREPARED = pages, {}

@@ -91,8 +91,11 @@ MERGE_TILE_FLOATS = 8192  # the last program's merge tile (rows, splits, D) in f
 # contiguous ones by more than 5 %. tools/gpu/decode/table_row.py ran on the H200 on 2026-12-05 (its checks against
 # float64 and the per-block path all passed): in pages of 256 keys it narrowed the paged path's gap to the contiguous
 # one at rows of 4 and 16 pages (1k and 4k keys) and widened it at 64 pages (16k keys; likely the cost of picking
-# each block's page out of a 64-wide row). 0 (off) until decode_vs_sdpa is recorded with a limit of 16 pages beside it.
-TABLE_ROW_MAX_PAGES = 0
+# each block's page out of a 64-wide row). Hence the limit of 16 pages, with which decode_vs_sdpa was recorded on
+# 2026-12-05 (its table_row_max_pages): against the recording before, without it, the paged cells of 1k keys and most
+# of 4k came nearer the contiguous ones; the 4k-key cells with 32 K/V heads at B = 4 to 64 did not (B = 64 lost about
+# 1 %, still within 5 %); the cells of longer rows, which do not take it, stayed where they were.
+TABLE_ROW_MAX_PAGES = 16
 
 
 class Plan(NamedTuple):

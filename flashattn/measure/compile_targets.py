@@ -240,8 +240,8 @@ def _captured_launches(where: device.Target, D: int, dtype: torch.dtype) -> dict
 
 
 def _table_row_launch(D: int, dtype: torch.dtype, tiles: tuple, dev) -> None:
-    """A paged decoding launch with the split kernel's TABLE_ROW (``decode_plan.TABLE_ROW_MAX_PAGES``, off by
-    default: switched on for this launch alone, its plan and prepared problem not kept)."""
+    """A paged decoding launch with the split kernel's TABLE_ROW (``decode_plan.TABLE_ROW_MAX_PAGES`` set to this
+    launch's row for it alone, its plan and prepared problem not kept)."""
     from flashattn.kernels import decode
 
     page = 2 * tiles[0]  # pages of two key blocks

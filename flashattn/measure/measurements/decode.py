@@ -31,7 +31,7 @@ import time
 import torch
 
 from flashattn import bench, runtime
-from flashattn.kernels import VARIANTS
+from flashattn.kernels import VARIANTS, decode_plan
 from flashattn.kernels.decode import attention_with_kvcache, decode_attention, make_plan
 from flashattn.measure.hardware import copy_bandwidth_gbps
 from flashattn.models.gpt import GPTConfig, sdpa_with_kvcache
@@ -371,6 +371,7 @@ def decode_vs_sdpa() -> dict:
     result["flex_rows"] = flex_pass(result["rows"], copy_gbps=result["copy_bandwidth_gbps"],
                                     progress=lambda line: print("  " + line, flush=True), capture=cuda_graph_replay)
     result["flush"] = FLUSH
+    result["table_row_max_pages"] = decode_plan.TABLE_ROW_MAX_PAGES
     result["flush_effect"] = flush_effect(FLUSH_CELLS, "float16", device=runtime.DEVICE,
                                           copy_gbps=result["copy_bandwidth_gbps"], rounds=ROUNDS,
                                           timers={flush: functools.partial(gpu_timer, flush=flush)

@@ -1,7 +1,8 @@
-"""GPU probe for the paged cache's table row in registers (issue 31): ``decode_plan.TABLE_ROW_MAX_PAGES``, off until
-this has run. A paged split program reads its sequence's length, then a block's page from the table, then the block:
-two loads in a row before its first key block, where a contiguous one waits for one. With TABLE_ROW the program reads
-the sequence's whole row of the table beside its length and picks each page from registers.
+"""GPU probe for the paged cache's table row in registers (issue 31): ``decode_plan.TABLE_ROW_MAX_PAGES`` (0 until
+this ran; 16 since, from its result and decode_vs_sdpa's recording with it). A paged split program reads its
+sequence's length, then a block's page from the table, then the block: two loads in a row before its first key block,
+where a contiguous one waits for one. With TABLE_ROW the program reads the sequence's whole row of the table beside
+its length and picks each page from registers.
 
     OUT=... python tools/gpu/decode/table_row.py      # about 3 minutes on an H200
 
