@@ -1,12 +1,12 @@
 """How :mod:`flashattn.kernels.decode` launches one problem (notebook 15): the tiles, the number of splits and who
 merges them, as a :class:`Plan` (:func:`make_plan`, cached per problem).
 
-The rules are declarative constants, each beside the measurement it was set from (tools/gpu/decode/ on the H200):
-the tiles per head dimension (``TILES``; ``ONE_SPLIT_TILES`` for long slices of the cache, ``SHORT_TILES`` for grids
-over short caches that would need a second wave), the number of splits when ``num_splits=0``
-(:func:`choose_num_splits`: one wave of programs), the deeper pipeline of a paged cache (:func:`paged_stages`; or its
-table row read up front, :func:`table_row`, off until measured) and the merge (``MERGE``: the last split program
-of each row block, or a second kernel when its tile is too large).
+The rules are declarative constants, each beside the measurement it was set from (tools/gpu/decode/ on the H200): the
+tiles per head dimension (``TILES``; ``ONE_SPLIT_TILES`` for long slices of the cache, ``SHORT_TILES`` for grids over
+short caches that would need a second wave), the number of splits when ``num_splits=0`` (:func:`choose_num_splits`:
+one wave of programs), the deeper pipeline of a paged cache (:func:`paged_stages`; or, for rows of the block table of
+up to ``TABLE_ROW_MAX_PAGES`` pages, the row read up front, :func:`table_row`) and the merge (``MERGE``: the last
+split program of each row block, or a second kernel when its tile is too large).
 The shares of the copy bandwidth quoted below were timed after do_bench's own L2 flush, which writes zeros whose
 write-back falls in the timed call (``bench.l2_flush``): a few µs more per call than ``decode_vs_sdpa`` now measures,
 about the same for every candidate compared on one cache, so their order stands while the shares of short calls
