@@ -8,7 +8,8 @@ program loads its own pages' entries once its bounds are known, and picks each b
 
 1. correctness at full size with the slice on: fp16 and bf16, 32/8 and 32/32 heads, a cache of 16k keys in
    shuffled pages of 256, ragged lengths (their slices rounded out to whole pages), Lq = 1 and 4, causal and not,
-   4 and 16 splits, against float64 (probe.check) and against the same call without it.
+   4 and 16 splits, against float64 (probe.check) and against the same call without it (within the dtype's
+   tolerance: a shorter sequence's slices differ, so the sums are not the same).
 2. timing at decode_vs_sdpa's split cells of 16k and 32k keys (fp16, D = 128, Lq = 1, full caches, the rule's splits):
    SDPA, contiguous, paged as today and paged with the slice, each as a CUDA-graph replay, in interleaved rounds.
 $OUT/decode_table_slice.json holds every number. Without a GPU: a dry run at tiny sizes in the interpreter.
@@ -53,7 +54,8 @@ def correctness() -> list[dict]:
                 on = decode.decode_attention(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=splits)
             row["vs_off"] = rel_error(on, off)
             row["table_row"], row["table_slice"] = plan.table_row, plan.table_slice
-            row["ok"] = row["ok"] and plan.table_slice and row["vs_off"] < 1e-2
+            # (not the same sums where a shorter sequence's slices are rounded out to whole pages: within rounding)
+            row["ok"] = row["ok"] and plan.table_slice and row["vs_off"] < probe.TOL[row["dtype"]]
             rows.append(row)
     return rows
 
