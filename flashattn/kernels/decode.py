@@ -322,8 +322,8 @@ _MAX_PREPARED = 256
 def table_rows(pages: int, slice_pages: int = 0):
     """Inside: ``decode_plan.TABLE_ROW_MAX_PAGES = pages`` (the split kernel's table row for rows of up to that many
     pages; 0: off) and ``TABLE_SLICE_MAX_PAGES = slice_pages`` (the split's part of a longer row), with the plans and
-    prepared problems made anew; on leaving, all as they were. What the compile checks, the tests and the probes
-    (``tools/gpu/decode/table_row.py``, ``table_slice.py``) set them with."""
+    prepared problems made anew; on leaving, all as they were. What the compile checks, the tests and
+    ``tools/gpu/decode/table_row.py`` set them with."""
     global _PREPARED
     switch, prepared = (decode_plan.TABLE_ROW_MAX_PAGES, decode_plan.TABLE_SLICE_MAX_PAGES), _PREPARED
     (decode_plan.TABLE_ROW_MAX_PAGES, decode_plan.TABLE_SLICE_MAX_PAGES), _PREPARED = (pages, slice_pages), {}

@@ -100,7 +100,7 @@ TABLE_ROW_MAX_PAGES = 16
 # pages reads each split's part of the row once its bounds are known (the split kernel's TABLE_SLICE): one dependent
 # load before the first key block, as with a load per block, but none in the loop. Written 2026-12-05 (stop 56) for
 # the paged cells of 16k keys (64 pages a row, 4 splits of 16 pages) that trail the contiguous ones by 5-6 %; 0 (off)
-# until timed on a GPU (tools/gpu/decode/table_slice.py).
+# until timed on a GPU (tools/gpu/decode/table_row.py --slice).
 TABLE_SLICE_MAX_PAGES = 0
 
 
