@@ -5,7 +5,6 @@ import functools
 
 import pytest
 import torch
-import triton
 from helpers import DTYPES, TOL, rel_error
 from hypothesis import given
 from hypothesis import strategies as st
@@ -79,60 +78,28 @@ def test_one_query_one_key_and_auto_splits(dtype):
         check(q, k, v, 17, num_splits=2)  # an int: every sequence 17 keys
 
 
-@pytest.mark.parametrize("table_row, table_slice", [(0, 0), (64, 0), (0, 64)],
-                         ids=["table load", "table row", "table slice"])
+@pytest.mark.parametrize("table_row", [0, 64], ids=["table load", "table row"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("page_size, tiles", [(16, (32, 4, 1)), (32, (16, 4, 1)), (32, (32, 4, 1)), (48, (32, 4, 1)),
                                               (64, (32, 4, 1))])
-def test_paged_equals_contiguous(dtype, page_size, tiles, table_row, table_slice):
+def test_paged_equals_contiguous(dtype, page_size, tiles, table_row):
     # pages shorter than a key block (one table entry per key), holding whole blocks (one per block), and a page
     # size that is no multiple of the block; lengths at a page boundary ± 1. With decode_plan.TABLE_ROW_MAX_PAGES
-    # (0 here: off) the launches whose pages hold whole blocks read the table row up front (the split kernel's
-    # TABLE_ROW) and pick each page from it; with TABLE_SLICE_MAX_PAGES, the split launches whose slices are whole
-    # pages read their part of the row (TABLE_SLICE), their slices rounded out to whole pages for the shorter
-    # sequences
+    # (off by default) the launches whose pages hold whole blocks read the table row up front (the split kernel's
+    # TABLE_ROW) and pick each page from it
     B, S_max, Hkv, D = 3, 100, 2, 32
     k, v = contiguous_cache(B, S_max, Hkv, D, dtype, seed=page_size)
     kp, vp, table = paged(k, v, page_size, seed=page_size)
     q = randn(torch.Generator().manual_seed(5), B, 2, 4, D, dtype=dtype)
     seqlens = lens(page_size - 1, page_size + 1, S_max)
-    capacity = table.shape[1] * page_size
-    sliced = 0
-    with decode.table_rows(table_row, table_slice):
+    with decode.table_rows(table_row):
         for causal, num_splits in ((True, 1), (True, 3), (False, 2)):
-            plan = decode.make_plan(B, 2, 4, Hkv, D, capacity, dtype, num_splits, DEV, tiles, True, None, page_size)
-            whole_blocks = page_size % tiles[0] == 0
-            split_blocks = triton.cdiv(triton.cdiv(capacity, tiles[0]), num_splits)  # a full cache's split
-            slices = whole_blocks and num_splits > 1 and split_blocks % (page_size // tiles[0]) == 0
-            assert (plan.table_row > 0) == (table_row > 0 and whole_blocks or table_slice > 0 and slices)
-            assert plan.table_slice == (table_slice > 0 and slices)
-            sliced += plan.table_slice
+            plan = decode.make_plan(B, 2, 4, Hkv, D, table.shape[1] * page_size, dtype, num_splits, DEV, tiles, True,
+                                    None, page_size)
+            assert (plan.table_row > 0) == (table_row > 0 and page_size % tiles[0] == 0)
             out = check(q, kp, vp, seqlens, block_table=table, causal=causal, num_splits=num_splits, tiles=tiles)
             flat = decode.decode_attention(q, k, v, seqlens, causal=causal, num_splits=num_splits, tiles=tiles)
             assert rel_error(out, flat) < TOL[dtype]
-    assert (sliced > 0) == (table_slice > 0 and page_size % tiles[0] == 0)  # (each such page size has a sliced case)
-
-
-def test_which_split_launches_take_the_table_slice(monkeypatch):
-    # off by default; with it, split launches over pages of whole blocks whose full-cache slices are whole pages, at
-    # most TABLE_SLICE_MAX_PAGES of them (rounded up to a power of two); the whole row when it is short enough
-    assert decode_plan.TABLE_SLICE_MAX_PAGES == 0 and decode_plan.table_slice(256, 16384, 64, 4) == 0
-    monkeypatch.setattr(decode_plan, "TABLE_SLICE_MAX_PAGES", 16)
-    assert decode_plan.table_slice(256, 16384, 64, 4) == 16  # 64 pages in 4 splits
-    assert decode_plan.table_slice(256, 16384, 64, 16) == 4
-    assert decode_plan.table_slice(256, 3 * 16384, 64, 4) == 0  # 48 pages a split
-    for why, args in (("not split", (256, 16384, 64, 1)), ("slices of part of a page", (256, 16384, 64, 128)),
-                      ("slices that are no whole pages", (256, 17 * 256, 64, 4)),
-                      ("pages shorter than a block", (16, 4096, 32, 4)), ("not paged", (0, 4096, 64, 4))):
-        assert decode_plan.table_slice(*args) == 0, why
-    decode.make_plan.cache_clear()
-    try:
-        plan = decode.make_plan(4, 1, 32, 8, 128, 16384, torch.float16, 4, DEV, (64, 4, 3), True, None, 256)
-        assert (plan.table_row, plan.table_slice, plan.num_stages) == (16, True, 3)
-        plan = decode.make_plan(4, 1, 32, 8, 128, 4096, torch.float16, 4, DEV, (64, 4, 3), True, None, 256)
-        assert (plan.table_row, plan.table_slice) == (16, False)  # 16 pages: the whole row (TABLE_ROW_MAX_PAGES)
-    finally:
-        decode.make_plan.cache_clear()
 
 
 def test_which_paged_launches_take_the_table_row(monkeypatch):

@@ -68,23 +68,22 @@ from .fast_options import padded_head_dim
 
 @triton.jit
 def _kv_offsets(BLOCK_TABLE, start_n, seqlen, num_pages, stride_bt_p, stride_page, stride_n,
-                BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, pages_row=0, TABLE_ROW: tl.constexpr = 0,
-                row_start=0):
+                BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, pages_row=0, TABLE_ROW: tl.constexpr = 0):
     """Element offsets (int64) of the keys ``start_n .. start_n + BLOCK_N`` of one sequence in one K/V head.
 
     Contiguous cache (PAGE_SIZE = 0): key j is row j. Paged: key j is row j % PAGE_SIZE of the physical page
     ``BLOCK_TABLE[j // PAGE_SIZE]`` (``BLOCK_TABLE`` points at the sequence's row of the table). When pages hold
     whole key blocks, one entry serves the block; otherwise each key looks up its own. Page numbers are clamped to
     the cache (a CUDA graph replays without the host's checks, and must not read outside it). With TABLE_ROW, the
-    sequence's row of the table, or the split's part of it from page ``row_start`` on, is already in registers
-    (``pages_row``) and the page is picked from it.
+    sequence's row of the table is already in registers (``pages_row``, loaded beside its length) and the page is
+    picked from it.
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if PAGE_SIZE == 0:
         return offs_n.to(tl.int64) * stride_n
     elif PAGE_SIZE % BLOCK_N == 0:
         if TABLE_ROW:
-            page = tl.sum(tl.where(tl.arange(0, TABLE_ROW) == start_n // PAGE_SIZE - row_start, pages_row, 0), 0)
+            page = tl.sum(tl.where(tl.arange(0, TABLE_ROW) == start_n // PAGE_SIZE, pages_row, 0), 0)
         else:
             page = tl.load(BLOCK_TABLE + (start_n // PAGE_SIZE) * stride_bt_p)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
@@ -113,7 +112,7 @@ def _load_tile(X, rows, keys, seqlen, stride_d, D: tl.constexpr, D_PAD: tl.const
 def _attend(acc, li, mi, qi, K, V, BLOCK_TABLE, lo, hi, seqlen, limit, num_pages, qk_scale,
             stride_bt_p, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
             BLOCK_N: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-            MASK: tl.constexpr, PRECISION: tl.constexpr, pages_row, TABLE_ROW: tl.constexpr, row_start):
+            MASK: tl.constexpr, PRECISION: tl.constexpr, pages_row, TABLE_ROW: tl.constexpr):
     """v2's loop over the key blocks ``lo .. hi``. ``MASK``: key j counts for row r only when j < limit[r] (the
     blocks at the end of the keys), and a row may have seen no key yet (mi = -inf): the exponent is then taken
     against 0, as notebook 03's merge does, instead of computing -inf − (-inf)."""
@@ -121,7 +120,7 @@ def _attend(acc, li, mi, qi, K, V, BLOCK_TABLE, lo, hi, seqlen, limit, num_pages
         start_n = tl.multiple_of(start_n, BLOCK_N)
         keys = start_n + tl.arange(0, BLOCK_N)
         k_rows = _kv_offsets(BLOCK_TABLE, start_n, seqlen, num_pages, stride_bt_p, stride_kp, stride_kn,
-                             BLOCK_N, PAGE_SIZE, pages_row, TABLE_ROW, row_start)
+                             BLOCK_N, PAGE_SIZE, pages_row, TABLE_ROW)
         kj = _load_tile(K, k_rows, keys, seqlen, stride_kd, D, D_PAD, MASK)
         sij = tl.dot(qi, tl.trans(kj), input_precision=PRECISION) * qk_scale  # base-2 units
         if MASK:
@@ -132,7 +131,7 @@ def _attend(acc, li, mi, qi, K, V, BLOCK_TABLE, lo, hi, seqlen, limit, num_pages
         alpha = tl.exp2(mi - m_safe)
         li = li * alpha + tl.sum(pij, 1)
         v_rows = _kv_offsets(BLOCK_TABLE, start_n, seqlen, num_pages, stride_bt_p, stride_vp, stride_vn,
-                             BLOCK_N, PAGE_SIZE, pages_row, TABLE_ROW, row_start)
+                             BLOCK_N, PAGE_SIZE, pages_row, TABLE_ROW)
         vj = _load_tile(V, v_rows, keys, seqlen, stride_vd, D, D_PAD, MASK)
         acc = tl.dot(pij.to(vj.dtype), vj, acc * alpha[:, None], input_precision=PRECISION)
         mi = mi_new
@@ -151,15 +150,14 @@ def decode_split_kernel(
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 1, MERGE_ROWS: tl.constexpr = 1, TABLE_ROW: tl.constexpr = 0,
-    TABLE_SLICE: tl.constexpr = False,
 ):
     pid_bh, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     num_splits = tl.num_programs(2)
     off_b, off_hkv = (pid_bh // Hkv).to(tl.int64), (pid_bh % Hkv).to(tl.int64)
     table = BLOCK_TABLE + off_b * stride_bt_b
     pages_row = 0
-    if TABLE_ROW and not TABLE_SLICE:  # the sequence's whole row of the table (TABLE_ROW >= its pages), read beside
-        offs_p = tl.arange(0, TABLE_ROW)  # its length: the first key block's address then waits for one load, not two
+    if TABLE_ROW:  # the sequence's whole row of the table (TABLE_ROW >= its pages), read beside its length: the first
+        offs_p = tl.arange(0, TABLE_ROW)  # key block's address then waits for one load, not for two in a row
         pages_row = tl.load(table + offs_p * stride_bt_p, mask=offs_p < capacity // PAGE_SIZE, other=0)
     seqlen = tl.minimum(tl.load(SEQLENS + off_b), capacity)  # clamped: see _kv_offsets
 
@@ -183,16 +181,8 @@ def decode_split_kernel(
         seen_by_all = seqlen
     # this split's slice of the keys, in whole blocks: [lo, hi)
     blocks_per_split = ((kv_len + BLOCK_N - 1) // BLOCK_N + num_splits - 1) // num_splits
-    if TABLE_SLICE:  # slices of whole pages, so that each split's part of the table row is TABLE_ROW entries at most
-        blocks_per_page: tl.constexpr = PAGE_SIZE // BLOCK_N
-        blocks_per_split = (blocks_per_split + blocks_per_page - 1) // blocks_per_page * blocks_per_page
     lo = split * blocks_per_split * BLOCK_N
     hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
-    row_start = 0
-    if TABLE_SLICE:  # this split's part of the table row, read once its bounds are known
-        row_start = lo // PAGE_SIZE
-        offs_p = row_start + tl.arange(0, TABLE_ROW)
-        pages_row = tl.load(table + offs_p * stride_bt_p, mask=offs_p < capacity // PAGE_SIZE, other=0)
     mid = tl.maximum(lo, tl.minimum(hi, lo + (seen_by_all - lo) // BLOCK_N * BLOCK_N))  # blocks that need no mask
 
     k_head = K + off_hkv * stride_kh
@@ -205,10 +195,10 @@ def decode_split_kernel(
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, table, lo, mid, seqlen, limit, num_pages, qk_scale,
                           stride_bt_p, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-                          BLOCK_N, D, D_PAD, PAGE_SIZE, False, PRECISION, pages_row, TABLE_ROW, row_start)
+                          BLOCK_N, D, D_PAD, PAGE_SIZE, False, PRECISION, pages_row, TABLE_ROW)
     acc, li, mi = _attend(acc, li, mi, qi, k_head, v_head, table, mid, hi, seqlen, limit, num_pages, qk_scale,
                           stride_bt_p, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-                          BLOCK_N, D, D_PAD, PAGE_SIZE, True, PRECISION, pages_row, TABLE_ROW, row_start)
+                          BLOCK_N, D, D_PAD, PAGE_SIZE, True, PRECISION, pages_row, TABLE_ROW)
 
     seen = li > 0  # False: this row saw no key in this slice (an empty split, or causal rows left of it)
     o = acc / tl.where(seen, li, 1.0)[:, None]
@@ -319,19 +309,18 @@ _MAX_PREPARED = 256
 
 
 @contextlib.contextmanager
-def table_rows(pages: int, slice_pages: int = 0):
+def table_rows(pages: int):
     """Inside: ``decode_plan.TABLE_ROW_MAX_PAGES = pages`` (the split kernel's table row for rows of up to that many
-    pages; 0: off) and ``TABLE_SLICE_MAX_PAGES = slice_pages`` (the split's part of a longer row), with the plans and
-    prepared problems made anew; on leaving, all as they were. What the compile checks, the tests and
-    ``tools/gpu/decode/table_row.py`` set them with."""
+    pages; 0: off), with the plans and prepared problems made anew; on leaving, both as they were. What the compile
+    checks, the tests and ``tools/gpu/decode/table_row.py`` set it with."""
     global _PREPARED
-    switch, prepared = (decode_plan.TABLE_ROW_MAX_PAGES, decode_plan.TABLE_SLICE_MAX_PAGES), _PREPARED
-    (decode_plan.TABLE_ROW_MAX_PAGES, decode_plan.TABLE_SLICE_MAX_PAGES), _PREPARED = (pages, slice_pages), {}
+    switch, prepared = decode_plan.TABLE_ROW_MAX_PAGES, _PREPARED
+    decode_plan.TABLE_ROW_MAX_PAGES, _PREPARED = pages, {}
     make_plan.cache_clear()
     try:
         yield
     finally:
-        (decode_plan.TABLE_ROW_MAX_PAGES, decode_plan.TABLE_SLICE_MAX_PAGES), _PREPARED = switch, prepared
+        decode_plan.TABLE_ROW_MAX_PAGES, _PREPARED = switch, prepared
         make_plan.cache_clear()
 
 
@@ -374,7 +363,7 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_sc
         dict(D=D, D_PAD=padded_head_dim(D), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PAGE_SIZE=p["page_size"],
              CAUSAL=p["causal"], SPLIT=split, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
              MERGE=plan.merge_rows > 0, BLOCK_S=triton.next_power_of_2(plan.num_splits),
-             MERGE_ROWS=max(plan.merge_rows, 1), TABLE_ROW=plan.table_row, TABLE_SLICE=plan.table_slice),
+             MERGE_ROWS=max(plan.merge_rows, 1), TABLE_ROW=plan.table_row),
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     merge_launch = tickets = None
     if plan.merge_rows:

@@ -95,13 +95,11 @@ MERGE_TILE_FLOATS = 8192  # the last program's merge tile (rows, splits, D) in f
 # 2026-12-05 (its table_row_max_pages): against the recording before, without it, the paged cells of 1k keys and most
 # of 4k came nearer the contiguous ones; the 4k-key cells with 32 K/V heads at B = 4 to 64 did not (B = 64 lost about
 # 1 %, still within 5 %); the cells of longer rows, which do not take it, stayed where they were.
+# For those longer rows, a split program that read only its own part of the row once its bounds were known (no table
+# load in its loop) was tried and dropped: on the H200 (2026-12-05 05:40, fp16, D = 128, pages of 256, CUDA-graph
+# replays; the probe is table_row.py --slice at commit 821dfbc) it checked correct and gained nothing at 16k and 32k
+# keys (paged ÷ contiguous within 1.2 % of the per-block path's in the 6 cells that split, 3 of them 0.7-1.2 % slower).
 TABLE_ROW_MAX_PAGES = 16
-# A split launch over longer rows whose splits' slices, rounded out to whole pages, span at most TABLE_SLICE_MAX_PAGES
-# pages reads each split's part of the row once its bounds are known (the split kernel's TABLE_SLICE): one dependent
-# load before the first key block, as with a load per block, but none in the loop. Written 2026-12-05 (stop 56) for
-# the paged cells of 16k keys (64 pages a row, 4 splits of 16 pages) that trail the contiguous ones by 5-6 %; 0 (off)
-# until timed on a GPU (tools/gpu/decode/table_row.py --slice).
-TABLE_SLICE_MAX_PAGES = 0
 
 
 class Plan(NamedTuple):
@@ -116,7 +114,6 @@ class Plan(NamedTuple):
     merge_warps: int
     merge_rows: int  # with splits: rows per step of the last program's merge; 0: the merge kernel merges
     table_row: int = 0  # paged: the table entries loaded up front (TABLE_ROW_MAX_PAGES); 0: a load per key block
-    table_slice: bool = False  # table_row entries: each split's part of the row (TABLE_SLICE_MAX_PAGES), not all of it
 
 
 def merge_step_rows(rows: int, block_m: int, num_splits: int, D: int) -> int:
@@ -228,8 +225,7 @@ def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: 
         block_n, num_warps, num_stages = short_cache_tiles(D, dtype, capacity, B * Hkv * row_blocks, sm_count,
                                                            shared_memory, block_m, (block_n, num_warps, num_stages))
     row = table_row(page_size, capacity, block_n) if paged else 0
-    part = table_slice(page_size, capacity, block_n, num_splits) if paged and not row else 0
-    if paged and num_stages > 1 and not (row or part):
+    if paged and num_stages > 1 and not row:
         num_stages = paged_stages(num_stages)
     block_s = triton.next_power_of_2(num_splits)
     merge_warps = min(16, max(1, block_s * padded_head_dim(D) // 1024))
@@ -237,8 +233,7 @@ def make_plan(B: int, Lq: int, Hq: int, Hkv: int, D: int, capacity: int, dtype: 
         raise ValueError(f"decode_attention: merge must be 'last program', 'kernel' or None, got {merge!r}")
     fused = num_splits > 1 and (merge or MERGE) == "last program"
     in_program = merge_step_rows(rows, block_m, num_splits, D) if fused else 0
-    return Plan(block_m, block_n, num_warps, num_stages, row_blocks, num_splits, merge_warps, in_program, row or part,
-                bool(part))
+    return Plan(block_m, block_n, num_warps, num_stages, row_blocks, num_splits, merge_warps, in_program, row)
 
 
 def table_row(page_size: int, capacity: int, block_n: int) -> int:
@@ -249,18 +244,3 @@ def table_row(page_size: int, capacity: int, block_n: int) -> int:
     if not pages or page_size % block_n or pages > TABLE_ROW_MAX_PAGES:
         return 0
     return triton.next_power_of_2(pages)
-
-
-def table_slice(page_size: int, capacity: int, block_n: int, num_splits: int) -> int:
-    """The split kernel's TABLE_ROW for one split's part of the table row (with TABLE_SLICE): where pages hold whole
-    key blocks of ``block_n``, the launch splits the keys, and a split's slice of a full ``capacity``-key cache is
-    whole pages, at most TABLE_SLICE_MAX_PAGES of them, the power of two at or above that; else 0. The kernel rounds
-    the slices out to whole pages (a full cache's are already), so that a shorter sequence's, no longer, start on a
-    page and span no more pages."""
-    if not page_size or page_size % block_n or num_splits < 2:
-        return 0
-    blocks = triton.cdiv(triton.cdiv(capacity, block_n), num_splits)
-    blocks_per_page = page_size // block_n
-    if blocks % blocks_per_page or blocks // blocks_per_page > TABLE_SLICE_MAX_PAGES:
-        return 0
-    return triton.next_power_of_2(blocks // blocks_per_page)

@@ -234,24 +234,22 @@ def _captured_launches(where: device.Target, D: int, dtype: torch.dtype) -> dict
     for kernel, _, args, constexprs, options in launches:
         if kernel in kernels:
             name = kernel.fn.__name__ + (" (merges its splits)" if constexprs.get("MERGE") else "") + (
-                (" (table slice)" if constexprs.get("TABLE_SLICE") else " (table row)") if constexprs.get("TABLE_ROW")
-                else "")
+                " (table row)" if constexprs.get("TABLE_ROW") else "")
             found.setdefault(name, (kernel, args, constexprs, options))
     return found
 
 
 def _table_row_launch(D: int, dtype: torch.dtype, tiles: tuple, dev) -> None:
-    """Paged decoding launches with the split kernel's TABLE_ROW: the whole row, then each split's part of it
-    (TABLE_SLICE) (``decode_plan.TABLE_ROW_MAX_PAGES`` and ``TABLE_SLICE_MAX_PAGES`` set for these launches alone,
-    their plans and prepared problems not kept)."""
+    """A paged decoding launch with the split kernel's TABLE_ROW (``decode_plan.TABLE_ROW_MAX_PAGES`` set to this
+    launch's row for it alone, its plan and prepared problem not kept)."""
     from flashattn.kernels import decode
 
-    for page, row, part, splits in ((2 * tiles[0], N // tiles[0], 0, 4), (tiles[0], 0, N // tiles[0], 2)):
-        pages = torch.zeros(2 * N // page, page, 2, D, dtype=dtype, device=dev)  # pages of two key blocks, then one
-        table = torch.arange(2 * N // page, dtype=torch.int32, device=dev).view(2, -1)
-        with decode.table_rows(row, part):
-            decode.decode_attention(torch.zeros(2, 1, 8, D, dtype=dtype, device=dev), pages, pages, N,
-                                    block_table=table, num_splits=splits, tiles=tiles)
+    page = 2 * tiles[0]  # pages of two key blocks
+    pages = torch.zeros(2 * N // page, page, 2, D, dtype=dtype, device=dev)
+    table = torch.arange(2 * N // page, dtype=torch.int32, device=dev).view(2, -1)
+    with decode.table_rows(N // page):
+        decode.decode_attention(torch.zeros(2, 1, 8, D, dtype=dtype, device=dev), pages, pages, N, block_table=table,
+                                num_splits=4, tiles=tiles)
 
 
 def _captured_case(where: device.Target, D: int, dtype: torch.dtype, name: str):
