@@ -77,14 +77,15 @@ def time_ms(fn, *, warmup: int = 25, rep: int = 100, flush: str = "zeros") -> fl
         return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
-def time_rounds(fns: dict, rounds: int) -> dict[str, list[float]]:
+def time_rounds(fns: dict, rounds: int, *, rep: int = 100) -> dict[str, list[float]]:
     """Each ``fns[name]()`` timed by :func:`time_ms` in ``rounds`` interleaved rounds (a, b, c, a, b, c, ...):
     under load the clock drifts, and interleaving lets every function meet the same drift. Returns each
-    name's times, one per round (the callers keep their median)."""
+    name's times, one per round (the callers keep their median). ``rep``: do_bench's milliseconds per timing
+    (it runs as many calls as fit, at least one)."""
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            times[name].append(time_ms(fn))
+            times[name].append(time_ms(fn, rep=rep))
     return times
 
 

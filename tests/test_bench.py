@@ -38,11 +38,13 @@ def test_bench_refuses_bad_rounds_and_unknown_variants(monkeypatch):
 
 
 def test_time_rounds_interleaves(monkeypatch):
-    calls = []
-    monkeypatch.setattr(bench, "time_ms", lambda fn: (calls.append(fn()), len(calls))[1])
+    calls, reps = [], []
+    monkeypatch.setattr(bench, "time_ms", lambda fn, rep: (calls.append(fn()), reps.append(rep), len(calls))[2])
     times = bench.time_rounds({"a": lambda: "a", "b": lambda: "b"}, rounds=3)
     assert calls == ["a", "b", "a", "b", "a", "b"]  # a, b, a, b, ...: not a, a, a, b, b, b
-    assert times == {"a": [1, 3, 5], "b": [2, 4, 6]}
+    assert times == {"a": [1, 3, 5], "b": [2, 4, 6]} and set(reps) == {100}  # do_bench's default
+    bench.time_rounds({"a": lambda: "a"}, rounds=2, rep=600)
+    assert reps[-2:] == [600, 600]
 
 
 def test_call_runs_a_variant_or_sdpa():

@@ -16,7 +16,8 @@ def test_cells_at_a_toy_size(monkeypatch):
     fake = {"flashattn eager": 2.0, "torch eager": 3.0, "flashattn compiled": 1.5, "torch compiled": 1.5}
     ran = []
 
-    def time_rounds(fns, rounds):
+    def time_rounds(fns, rounds, rep):
+        assert rep == model_step.STEP_REP_MS
         for name, fn in fns.items():  # each step still runs, so a compiled one that breaks fails here
             ran.append(name)
             fn()
@@ -36,6 +37,7 @@ def test_cells_at_a_toy_size(monkeypatch):
     assert (row["d_model"], row["n_heads"], row["head_dim"], row["N"], row["B"], row["dtype"]) == \
            (64, 2, 32, 32, 2, "float32")
     assert row["vs_sdpa"] == {"eager": 1.5, "compiled": 1.0}
+    assert row["vs_sdpa_rounds"] == {"eager": [1.5], "compiled": [1.0]}
     assert set(row["peak_bytes"]) == set(fake) and set(row["first_call_s"]) == set(fake)
     check = row["compiled_vs_eager"]
     assert check["loss"] < 1e-5 and check["grads"] < 1e-4, check  # float32: the same kernels in another order

@@ -16,12 +16,15 @@ and gradients are from the eager step's (relative error; gradients: the worst pa
 a width are built once, with position embeddings for the largest N, and serve every N (the same weights in
 every row; the embeddings' gradient, 8192 × d_model float32, is in every peak, on both sides).
 
-Runtime: the 16 cells' compiles (two models each, forward and backward, Inductor) dominate; the timing itself
-is 16 cells × 4 steps × ``ROUNDS = 3`` calls of ``do_bench``. Each row records its first calls' seconds
-(``first_call_s``, compiles and autotuning included) and the result its ``seconds``. The cut: a cell that would
-start past :data:`BUDGET_S` is not measured and is listed in ``skipped``; with ``FLASHATTN_MODEL_STEP_CELLS=missing``
-a run measures only the cells the previous recording lacks, and every run keeps the previous recording's rows of
-the cells it does not measure (marked ``measured_at``), so that runs of a few minutes each fill the table.
+Runtime: the 16 cells' compiles (two models each, forward and backward, Inductor; about 140 s on the H200) and the
+timing, 16 cells × 4 steps × ``ROUNDS = 5`` calls of ``do_bench`` of ``STEP_REP_MS`` each (about 190 s). A cell's
+ratio divides the two models' median times; ``vs_sdpa_rounds`` keeps each round's ratio (the two models' steps in
+that round), whose spread says how far from 1 a ratio must be to mean something. Each row records its first calls'
+seconds (``first_call_s``, compiles and autotuning included) and the result its ``seconds``. The cut: a cell that
+would start past :data:`BUDGET_S` is not measured and is listed in ``skipped``; with
+``FLASHATTN_MODEL_STEP_CELLS=missing`` a run measures only the cells the previous recording lacks, and every run
+keeps the previous recording's rows of the cells it does not measure (marked ``measured_at``), so that runs of a
+few minutes each fill the table.
 
 :func:`run_cells` is the loop with the sizes as arguments, so that a CPU test runs it at a toy size
 (``backend="aot_eager"``, float32).
@@ -49,8 +52,12 @@ TOKENS = 16384  # B·N held fixed
 N_LAYERS = 4
 VOCAB_SIZE = 256
 DTYPES = ("bfloat16", "float16")
-ROUNDS = 3
-BUDGET_S = 300.0  # no cell starts after this many seconds
+ROUNDS = 5
+# do_bench's milliseconds per timing: its default 100 holds 2-7 steps of 14-50 ms, and with it (and 3 rounds) one
+# step's rounds differed by up to 19 % (median 3 %) in the 12-05 01:55 recording, more than the ratios they were to
+# decide; 600 holds 12-40
+STEP_REP_MS = 600
+BUDGET_S = 420.0  # no cell starts after this many seconds
 
 
 def cell_key(row: dict) -> tuple:
@@ -128,7 +135,7 @@ def run_cells(configs=CONFIGS, seq_lens=SEQ_LENS, *, tokens: int = TOKENS, n_lay
     return rows
 
 
-def _cell(models, data, dtype, device, backend, rounds, row) -> dict:
+def _cell(models, data, dtype, device, backend, rounds, row, rep=STEP_REP_MS) -> dict:
     torch._dynamo.reset()  # each cell compiles afresh, far from the recompile limit
     compiled = {name: torch.compile(m, backend=backend, fullgraph=True, dynamic=False) for name, m in models.items()}
     steps, owner = {}, {}
@@ -144,7 +151,7 @@ def _cell(models, data, dtype, device, backend, rounds, row) -> dict:
             torch.cuda.synchronize()
         first[key] = time.perf_counter() - t0
     check = compiled_vs_eager(steps["flashattn eager"], steps["flashattn compiled"], models["flashattn"])
-    times = bench.time_rounds(steps, rounds)
+    times = bench.time_rounds(steps, rounds, rep=rep)
     peaks = {}
     for key, step in steps.items():
         owner[key].zero_grad(set_to_none=True)  # the peak counts this step's gradients
@@ -154,6 +161,8 @@ def _cell(models, data, dtype, device, backend, rounds, row) -> dict:
         model.zero_grad(set_to_none=True)
     return {**row, "ms": ms, "ms_rounds": times, "peak_bytes": peaks, "first_call_s": first,
             "vs_sdpa": {mode: ms[f"torch {mode}"] / ms[f"flashattn {mode}"] for mode in ("eager", "compiled")},
+            "vs_sdpa_rounds": {mode: [t / f for t, f in zip(times[f"torch {mode}"], times[f"flashattn {mode}"],
+                                                            strict=True)] for mode in ("eager", "compiled")},
             "compiled_vs_eager": check}
 
 
@@ -210,15 +219,16 @@ def model_step_vs_sdpa() -> dict:
     rows, skipped = merge_with_previous(rows, skipped, previous)
     return {"configs": [list(c) for c in CONFIGS], "seq_lens": list(SEQ_LENS), "tokens": TOKENS,
             "n_layers": N_LAYERS, "vocab_size": VOCAB_SIZE, "dtypes": list(DTYPES), "causal": True,
-            "rounds": ROUNDS, "compile": {"backend": "inductor", "mode": "default", "fullgraph": True,
-                                          "dynamic": False},
+            "rounds": ROUNDS, "rep_ms": STEP_REP_MS,
+            "compile": {"backend": "inductor", "mode": "default", "fullgraph": True, "dynamic": False},
             "optimizer_step": False, "rows": rows, "compiled_vs_eager": summary(rows),
             "skipped": [dict(zip(("d_model", "n_heads", "N", "dtype"), k, strict=True)) for k in skipped],
             "budget_s": BUDGET_S,
             "seconds": time.perf_counter() - t0,
             "notes": "one step: gradients set to None, forward in autocast, float32 cross-entropy, loss.backward() "
                      "(no optimizer step); the flashattn and torch models share their weights; ms: do_bench's "
-                     "median, median over interleaved rounds; peak_bytes: above the weights, gradients included; "
+                     "median over as many steps as fit rep_ms, median over interleaved rounds; vs_sdpa_rounds: "
+                     "each round's torch ms / flashattn ms; peak_bytes: above the weights, gradients included; "
                      "vs_sdpa: torch's ms / flashattn's (> 1: flashattn faster); compiled_vs_eager: the flashattn "
                      "model's compiled step against its eager step, relative error of the loss and of the worst "
                      "parameter's gradient"}
