@@ -55,7 +55,7 @@ DTYPES = ("bfloat16", "float16")
 ROUNDS = 5
 # do_bench's milliseconds per timing: its default 100 holds 2-7 steps of 14-50 ms, and with it (and 3 rounds) one
 # step's rounds differed by up to 19 % (median 3 %) in the 12-05 01:55 recording, more than the ratios they were to
-# decide; 600 holds 12-40
+# decide; 600 holds 12-42
 STEP_REP_MS = 600
 BUDGET_S = 480.0  # no cell starts after this many seconds (a whole run: about 470 s)
 
@@ -135,7 +135,7 @@ def run_cells(configs=CONFIGS, seq_lens=SEQ_LENS, *, tokens: int = TOKENS, n_lay
     return rows
 
 
-def _cell(models, data, dtype, device, backend, rounds, row, rep=STEP_REP_MS) -> dict:
+def _cell(models, data, dtype, device, backend, rounds, row) -> dict:
     torch._dynamo.reset()  # each cell compiles afresh, far from the recompile limit
     compiled = {name: torch.compile(m, backend=backend, fullgraph=True, dynamic=False) for name, m in models.items()}
     steps, owner = {}, {}
@@ -151,7 +151,7 @@ def _cell(models, data, dtype, device, backend, rounds, row, rep=STEP_REP_MS) ->
             torch.cuda.synchronize()
         first[key] = time.perf_counter() - t0
     check = compiled_vs_eager(steps["flashattn eager"], steps["flashattn compiled"], models["flashattn"])
-    times = bench.time_rounds(steps, rounds, rep=rep)
+    times = bench.time_rounds(steps, rounds, rep=STEP_REP_MS)
     peaks = {}
     for key, step in steps.items():
         owner[key].zero_grad(set_to_none=True)  # the peak counts this step's gradients
