@@ -348,6 +348,116 @@ def test_hypothesis(B, Lq, group, Hkv, page, causal, num_splits, seed, merge):
     check(q, k, v, seqlens, block_table=table, causal=causal, num_splits=num_splits, merge=merge)
 
 
+@pytest.mark.parametrize("merge", ["kernel", "last program"])
+def test_merges_of_large_scores_subtract_the_max(merge):
+    # a large softmax_scale: scores, and so the log-sum-exps, of 100 and more, past float32's e^88; each merge
+    # weighs the splits by e^(lse − max lse), never e^lse (inf / inf = NaN)
+    k, v = contiguous_cache(2, 96, 1, 16, torch.float16, seed=51)
+    q = randn(torch.Generator().manual_seed(51), 2, 1, 2, 16, dtype=torch.float16)
+    seqlens = lens(70, 96)
+    out, _, lse_part = decode.decode_attention(q, k, v, seqlens, softmax_scale=15.0, num_splits=3, merge=merge,
+                                               return_partials=True)
+    assert lse_part.max() > 90  # e^lse overflows float32
+    assert rel_error(out, reference_with_kvcache(q, k, v, seqlens, softmax_scale=15.0)) < TOL[q.dtype]
+
+
+def test_k_and_v_caches_with_strides_of_their_own():
+    # v need not share k's layout: here a (B, Hkv + 1, S_max, D) buffer's first Hkv heads seen as (B, S_max, Hkv, D),
+    # with other batch, key and head strides than the contiguous k; each is read with its own strides
+    B, S_max, Hkv, D = 2, 70, 2, 16
+    k, _ = contiguous_cache(B, S_max, Hkv, D, torch.float32, seed=52)
+    gen = torch.Generator().manual_seed(52)
+    v = randn(gen, B, Hkv + 1, S_max, D)[:, :Hkv].transpose(1, 2)
+    assert v.shape == k.shape and all(sv != sk for sv, sk in zip(v.stride()[:3], k.stride()[:3], strict=True))
+    q = randn(gen, B, 2, 4, D)
+    for num_splits in (1, 2):
+        check(q, k, v, lens(40, S_max), num_splits=num_splits)
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_block_table_as_a_view_of_a_wider_table(page_size):
+    # a block table sliced from a wider one (B, max_pages + 5): its rows are further apart than its width; pages
+    # shorter than a key block (a table entry per key) and holding whole blocks (one per block), table row or not
+    B, S_max, Hkv, D = 3, 100, 2, 16
+    k, v = contiguous_cache(B, S_max, Hkv, D, torch.float32, seed=53)
+    kp, vp, table = paged(k, v, page_size, seed=53)
+    wide = torch.full((B, table.shape[1] + 5), -7, dtype=torch.int32, device=DEV)
+    wide[:, : table.shape[1]] = table
+    view = wide[:, : table.shape[1]]
+    q = randn(torch.Generator().manual_seed(53), B, 2, 4, D)
+    for table_row in (0, 64):
+        with decode.table_rows(table_row):
+            for num_splits in (1, 3):
+                check(q, kp, vp, lens(page_size + 1, 63, S_max), block_table=view, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_cache_entries_past_the_lengths_may_hold_nan(page_size):
+    # a cache allocated with torch.empty holds anything past each sequence's length (NaN here): the keys and values
+    # past it are not read, not even as a weight of 0 times a NaN value
+    B, S_max, Hkv, D = 3, 80, 2, 16
+    seqlens = lens(5, 40, 67)
+    k, v = contiguous_cache(B, S_max, Hkv, D, torch.float16, seed=54)
+    past = torch.arange(S_max, device=DEV)[None, :] >= seqlens[:, None]
+    for t in (k, v):
+        t[past] = float("nan")
+    table = None
+    if page_size:
+        k, v, table = paged(k, v, page_size, seed=54)
+    q = randn(torch.Generator().manual_seed(54), B, 3, 4, D, dtype=torch.float16)
+    for causal, num_splits in ((True, 1), (False, 3)):
+        check(q, k, v, seqlens, block_table=table, causal=causal, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("merge", ["kernel", "last program"])
+def test_partials_are_read_only_where_written(merge, monkeypatch):
+    # the partial outputs are allocated with torch.empty, and an empty split writes none: filled with NaN here, the
+    # merges must leave them unread (weight e^-inf = 0 times NaN would be NaN)
+    k, v = contiguous_cache(2, 128, 2, 16, torch.float32, seed=55)
+    q = randn(torch.Generator().manual_seed(55), 2, 2, 4, 16)
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: empty(*args, **kwargs).fill_(float("nan")))
+    for causal in (True, False):
+        check(q, k, v, lens(5, 128), causal=causal, num_splits=4, merge=merge)  # 3 and 0 of 4 splits empty
+
+
+def test_the_last_programs_merge_in_several_steps():
+    # D = 128 and 8 splits: the last program merges its row block 8 rows at a time (MERGE_TILE_FLOATS), here 20 rows
+    # (5 queries of 4 grouped heads) in steps of 8, the last step half padding
+    k, v = contiguous_cache(1, 256, 1, 128, torch.float16, seed=56)
+    q = randn(torch.Generator().manual_seed(56), 1, 5, 4, 128, dtype=torch.float16)
+    plan = decode.make_plan(1, 5, 4, 1, 128, 256, torch.float16, 8, DEV, None, False, "last program")
+    assert 0 < plan.merge_rows < 20 <= plan.block_m
+    check(q, k, v, lens(250), num_splits=8, merge="last program")
+
+
+def test_lengths_and_pages_are_clamped_to_the_cache_when_unchecked(monkeypatch):
+    # inside a CUDA graph capture the host checks nothing (check_kvcache_values): the kernel clamps each length to
+    # the capacity and each page number to the cache. The caches here are views of larger NaN-filled buffers, so
+    # a read past them shows as NaN
+    monkeypatch.setattr(decode, "check_kvcache_values", lambda *args, **kwargs: None)
+    B, S_max, Hkv, D = 2, 64, 2, 16
+    gen = torch.Generator().manual_seed(57)
+    k, v = (torch.full((B, S_max + 32, Hkv, D), float("nan"), device=DEV)[:, :S_max] for _ in range(2))
+    k.copy_(randn(gen, B, S_max, Hkv, D))
+    v.copy_(randn(gen, B, S_max, Hkv, D))
+    q = randn(gen, B, 2, 4, D)
+    out = decode.decode_attention(q, k, v, lens(S_max + 20, 30), num_splits=2)
+    assert rel_error(out, reference_with_kvcache(q, k, v, lens(S_max, 30))) < TOL[q.dtype]
+    for page_size in (16, 32):  # a table entry per key, one per key block
+        kp, vp, table = paged(k, v, page_size, seed=57)
+        num_pages = kp.shape[0]
+        kp, vp = (torch.cat([torch.full_like(t[:2], float("nan")), t.nan_to_num(1.0), torch.full_like(t[:2],
+                  float("nan"))])[2:-2] for t in (kp, vp))  # the spare pages (NaN in paged's) now read as ones
+        bad = table.clone()
+        bad[0, 0], bad[1, 1] = -1, num_pages + 1  # pages in use that name no page of the cache
+        clamped = bad.clamp(0, num_pages - 1)
+        for num_splits in (1, 2):
+            out = decode.decode_attention(q, kp, vp, lens(50, 40), block_table=bad, num_splits=num_splits)
+            ref = reference_with_kvcache(q, kp, vp, lens(50, 40), block_table=clamped)
+            assert rel_error(out, ref) < TOL[q.dtype]
+
+
 # --- bad input ----------------------------------------------------------------------------------------------
 
 def _problem(dtype=torch.float16):
@@ -373,6 +483,7 @@ def test_bfloat16_is_refused_in_the_interpreter():
     (lambda q, k, v: (q, k, v, lens(4, 33), {}), ValueError, r"cache_seqlens\[1\] = 33"),
     (lambda q, k, v: (q, k, v, lens(-1, 3), {}), ValueError, r"cache_seqlens\[0\] = -1"),
     (lambda q, k, v: (q.expand(2, 3, 4, 16), k, v, lens(2, 5), {}), ValueError, r"cache_seqlens\[0\] = 2: .* Lq=3"),
+    (lambda q, k, v: (q.expand(2, 3, 4, 16), k, v, 2, {}), ValueError, "cache_seqlens=2 .* from 3 to 32"),
     (lambda q, k, v: (q[:, :, :3], k, v, 4, {}), ValueError, "multiple of the cache's key/value heads"),
     (lambda q, k, v: (q[..., :8], k, v, 4, {}), ValueError, "one head dimension D"),
     (lambda q, k, v: (q, k[:1], v[:1], 4, {}), ValueError, "without a block_table, k_cache is"),
@@ -385,6 +496,9 @@ def test_bfloat16_is_refused_in_the_interpreter():
      "block_table must be int32"),
     (lambda q, k, v: (q, k.view(4, 16, 2, 16), v.view(4, 16, 2, 16), 4,
                       {"block_table": torch.zeros(3, 2, dtype=torch.int32, device=DEV)}), ValueError,
+     r"block_table must be \(B, max_pages\)"),
+    (lambda q, k, v: (q, k.view(4, 16, 2, 16), v.view(4, 16, 2, 16), 4,
+                      {"block_table": torch.zeros(2, dtype=torch.int32, device=DEV)}), ValueError,
      r"block_table must be \(B, max_pages\)"),
     (lambda q, k, v: (q, k.view(8, 8, 2, 16), v.view(8, 8, 2, 16), 4,
                       {"block_table": torch.zeros(2, 2, dtype=torch.int32, device=DEV)}), ValueError,
