@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from flashattn.kernels import mask_blocks as mb
@@ -41,6 +41,7 @@ def test_window_kinds_from_the_corners_are_the_dense_masks(L, S, left, right, ca
 
 @given(L=st.integers(1, 50), S=st.integers(1, 50), bm=BLOCKS, bn=BLOCKS, seed=st.integers(0, 2**16),
        density=st.sampled_from([0.0, 0.3, 0.9, 1.0]))
+@example(L=46, S=41, bm=4, bn=16, seed=0, density=1.0)  # full tiles: of the mask, above the diagonal
 def test_classify_boolean_float_and_broadcast_masks(L, S, bm, bn, seed, density):
     gen = torch.Generator().manual_seed(seed)
     takes = torch.rand(L, S, generator=gen) < density

@@ -57,6 +57,12 @@ def check(out, grads, ref_out, ref_grads, dtype):
        seed=st.integers(0, 2**16))
 @example(L=70, S=70, left=7, right=0, causal=True, hkv=1, group=2, D=32, bm=16, bn=16, dtype=torch.float16, seed=0)
 @example(L=64, S=20, left=3, right=0, causal=True, hkv=1, group=1, D=16, bm=32, bn=16, dtype=torch.float32, seed=1)
+@example(L=49, S=78, left=20, right=16, causal=False, hkv=2, group=2, D=16, bm=32, bn=16, dtype=torch.float32,
+         seed=2)  # full key blocks between two partial edges, GQA with two K/V heads
+@example(L=10, S=64, left=20, right=-1, causal=False, hkv=1, group=1, D=16, bm=32, bn=16, dtype=torch.float32,
+         seed=3)  # a Q block that hangs over L: none of its tiles is full
+@example(L=74, S=72, left=1, right=0, causal=True, hkv=1, group=1, D=24, bm=32, bn=32, dtype=torch.float32,
+         seed=4)  # a narrow window: a key block's last Q rows start a new Q block
 def test_window_against_torch_and_its_blocks(L, S, left, right, causal, hkv, group, D, bm, bn, dtype, seed):
     """Top-left windows, L ≠ S, GQA; rows that see no key (L > S with a window) give 0, as torch."""
     right = min(right, 0) if causal else right
@@ -125,6 +131,26 @@ def test_attention_routes_windows_and_keeps_the_plain_path():
         flashattn.attention(q, k, v, variant="fast", window=(4, 4), tiles=(24, 32, 4, 1))
 
 
+@pytest.mark.parametrize("kind", ["window", "attn_mask"])
+def test_lse_is_float64s_and_inf_for_a_row_that_sees_no_key(kind):
+    """masked_forward's log-sum-exp: float64's where a row sees keys, +inf (as FlashAttention's) where it sees none,
+    so that merging it with another part of the keys gives that row weight 0 (0 would give it weight 1)."""
+    gen = torch.Generator().manual_seed(21)
+    q = randn(1, 2, 40, 16, dtype=torch.float32, gen=gen)
+    k, v = (randn(1, 2, 24, 16, dtype=torch.float32, gen=gen) for _ in range(2))
+    mask = mb.window_mask(40, 24, (3, 0), True, device=q.device)  # rows 27.. see no key, the rest 1 to 4 keys
+    if kind == "window":
+        _, lse = masking.masked_forward(q, k, v, causal=True, window=(3, 0))
+    else:
+        mask[5, :] = False  # a whole row among rows that see keys
+        _, lse = masking.masked_forward(q, k, v, attn_mask=mask.expand(1, 2, 40, 24))
+    scores = (q.double() @ k.double().transpose(-1, -2) * 0.25).masked_fill(~mask, float("-inf"))
+    ref = torch.logsumexp(scores, -1)
+    sees = mask.any(-1)
+    assert (~sees).sum() >= 13 and torch.equal(lse[..., ~sees], torch.full_like(lse[..., ~sees], float("inf")))
+    assert rel_error(lse[..., sees], ref[..., sees].float()) < TOL[torch.float32]
+
+
 # --- packed documents --------------------------------------------------------------------------------------------
 
 LENGTHS = st.lists(st.integers(1, 40), min_size=1, max_size=3)
@@ -188,6 +214,34 @@ def test_attention_varlen_is_differentiable_and_checks_its_arguments():
         varlen(q[None], k, v, cu, cu, 30, 30)
     with pytest.raises(ValueError, match="positive int"):
         varlen(q, k, v, cu, cu, 0, 30)
+
+
+def test_varlen_documents_with_more_keys_than_queries():
+    """Each document's keys outnumber its queries by more than a block (bottom-right causal): the dK/dV kernel walks
+    every key block of every document, by cu_seqlens_k (not by the queries' blocks)."""
+    gen = torch.Generator().manual_seed(22)
+    lengths_q, lengths_k = [3, 20, 7], [40, 5, 33]
+    q, do = (randn(sum(lengths_q), 2, 16, dtype=torch.float32, gen=gen) for _ in range(2))
+    k, v = (randn(sum(lengths_k), 1, 16, dtype=torch.float32, gen=gen) for _ in range(2))
+    cu_q, cu_k = mb.cu_seqlens(lengths_q, q.device), mb.cu_seqlens(lengths_k, q.device)
+    out, grads = forward_backward(q, k, v, do, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=20, max_seqlen_k=40,
+                                  causal=True, tiles=(16, 16, 4, 1), dkdv_tiles=(16, 16, 4, 1))
+    heads = masking._packed_view
+    mask = mb.document_mask(lengths_q, lengths_k, causal=True, device=q.device)
+    ref_out, ref_grads = torch_reference(heads(q), heads(k), heads(v), heads(do), mask)
+    check(heads(out), [heads(g) for g in grads], ref_out, ref_grads, torch.float32)
+
+
+@pytest.mark.skipif(runtime.MODE == "gpu", reason="the values of cu_seqlens are read on the CPU only")
+def test_cu_seqlens_that_decrease_are_refused():
+    """Offsets from 0 to the packed length that go down on the way (a document of negative length) are refused."""
+    gen = torch.Generator().manual_seed(23)
+    q, k, v = (randn(38, 2, 16, dtype=torch.float32, gen=gen) for _ in range(3))
+    cu = mb.cu_seqlens([7, 30, 1], q.device)
+    bad = torch.tensor([0, 30, 7, 38], dtype=torch.int32, device=q.device)
+    for cu_q, cu_k in ((bad, cu), (cu, bad)):
+        with pytest.raises(ValueError, match="never decreasing"):
+            flashattn.attention_varlen(q, k, v, cu_q, cu_k, 40, 40)
 
 
 @pytest.mark.parametrize("L,S,window,causal,hkv,group,dtype", [
@@ -328,6 +382,7 @@ def random_mask(shape, kind, gen, device):
 @given(shape=st.sampled_from(MASK_SHAPES), kind=st.sampled_from(["bool", "float"]), causal=st.booleans(),
        dtype=DTYPES, seed=st.integers(0, 2**16))
 @example(shape=(2, 1, 1, 40), kind="bool", causal=True, dtype=torch.float16, seed=0)
+@example(shape=(20, 1), kind="bool", causal=False, dtype=torch.float32, seed=1)  # a key stride of 0
 def test_sdpa_attn_mask_against_torch(shape, kind, causal, dtype, seed):
     """Broadcast shapes (read through zero strides), boolean and float masks, combined with is_causal, GQA."""
     gen = torch.Generator().manual_seed(seed)
@@ -358,6 +413,37 @@ def test_attn_mask_blocks_and_counts():
     assert counts["forward"][:, 0].sum(-2).tolist() == [[4, 4]] * 2  # sequence 0: 1 full and 1 partial per Q block
     assert torch.equal(counts["dkdv"], mb.counts(kinds, dim=-2).transpose(0, 1).expand(2, 2, 4, 2))
     assert counts["dkdv"][0, 0].tolist() == [[4, 0], [0, 4], [0, 0], [0, 0]]  # keys past 20: no Q block at all
+
+
+def test_a_mask_whose_tiles_differ_by_batch_and_head():
+    """A (B, Hq, L, S) mask (no broadcast dimension) with another key-padding length in every batch and query head,
+    GQA: each program reads its own (batch, head) row of the block tables, in every kernel."""
+    gen = torch.Generator().manual_seed(24)
+    q, do = (randn(2, 4, 40, 16, dtype=torch.float32, gen=gen) for _ in range(2))
+    k, v = (randn(2, 2, 40, 16, dtype=torch.float32, gen=gen) for _ in range(2))
+    lengths = torch.tensor([[5, 40, 17, 33], [40, 9, 26, 1]])
+    mask = (torch.arange(40)[None, None, None, :] < lengths[:, :, None, None]).expand(2, 4, 40, 40).to(q.device)
+    out, grads = forward_backward(q, k, v, do, attn_mask=mask, tiles=(16, 16, 4, 1), dkdv_tiles=(16, 16, 4, 1))
+    check(out, grads, *torch_reference(q, k, v, do, mask), torch.float32)
+
+
+def test_a_mask_with_other_tiles_for_dq_than_for_dkdv():
+    """The dQ kernel's tiles differ from the dK/dV kernel's in block_n only: each is given its own classification."""
+    gen = torch.Generator().manual_seed(25)
+    q, k, v, do = (randn(1, 2, 48, 16, dtype=torch.float32, gen=gen) for _ in range(4))
+    mask = mb.padding_mask([20], 48, device=q.device).expand(1, 2, 48, 48)
+    out, grads = forward_backward(q, k, v, do, attn_mask=mask, causal=True, tiles=(16, 16, 4, 1),
+                                  dkdv_tiles=(16, 32, 4, 1))
+    dense = mask & mb.window_mask(48, 48, causal=True, device=q.device)
+    check(out, grads, *torch_reference(q, k, v, do, dense), torch.float32)
+
+
+def test_masked_forward_refuses_a_mask_of_other_batch_or_heads():
+    """masked_forward's attn_mask is a (B, Hq, L, S) view: other batch or head counts are refused, not read."""
+    q = torch.zeros(1, 2, 8, 16, device=runtime.DEVICE)
+    for shape in ((2, 2, 8, 8), (1, 4, 8, 8)):
+        with pytest.raises(ValueError, match=r"attn_mask must be a \(B, Hq, L, S\)"):
+            masking.masked_forward(q, q, q, attn_mask=torch.ones(shape, dtype=torch.bool, device=q.device))
 
 
 @pytest.mark.parametrize("kind", ["bool", "float"])
