@@ -11,8 +11,9 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from flashattn.distributed import compare, layouts, processes, ring, ring_attention, shard, step_plan, steps
+from flashattn.distributed import compare, layouts, processes, ring, ring_attention, shard, step_plan, steps, unshard
 from flashattn.reference import rel_error
 
 TOLERANCE = 1e-5  # float32: the ring and one process both sit near 2e-7 here; a wrong step or merge gives >= 1e-2
@@ -132,6 +133,35 @@ def test_simulated_ring_in_float16():
         assert rel_error(got, want) < 3 * rel_error(one, want) + 1e-3, name  # as close as one process gets
 
 
+def test_ring_steps_keep_their_running_sums_in_float32():
+    """Float16 shards: each rank's forward returns its output and lse in float32, its backward dq, dk and dv in float32
+    (the sums over the W steps; rounding them to float16 at every step would lose precision), and they match
+    float64 attention."""
+    W, n, layout = 4, 4, "zigzag"
+    c = compare.case(B=1, Hq=2, Hkv=1, n_local=n, causal=True, layout=layout, dtype="float16")
+    q, k, v, do = compare.inputs(c, W)
+    expected = compare.reference_grads(q, k, v, do, True)
+    kernels, scale = steps.get(None), q.shape[-1] ** -0.5
+    shards = [[layouts.local_rows(t, r, W, layout) for t in (q, k, v, do)] for r in range(W)]
+    plans = [step_plan(r, W, n, causal=True, layout=layout) for r in range(W)]
+    forward = ring.simulate([ring.forward_steps(*sh[:3], plan, scale, kernels)
+                             for sh, plan in zip(shards, plans, strict=True)])
+    backward = ring.simulate([ring.backward_steps(*sh[:3], o.half(), lse, sh[3], plan, scale, kernels)
+                              for sh, (o, lse), plan in zip(shards, forward, plans, strict=True)])
+    for rank, results in enumerate(zip(forward, backward, strict=True)):
+        assert [t.dtype for part in results for t in part] == [torch.float32] * 5, rank
+    got = [layouts.gather_rows([res[i] for res in results], layout) for results, i in
+           ((forward, 0), (backward, 0), (backward, 1), (backward, 2))]
+    for name, x, want in zip(compare.RESULTS, got, expected, strict=True):
+        assert rel_error(x, want) < 3e-3, name  # float16 inputs (tests/helpers.py: TOL[float16])
+
+
+def test_simulated_ring_refuses_a_sequence_it_cannot_cut():
+    q = torch.randn(1, 2, 12, 16, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="multiple of 8; got N=12"):
+        ring.simulate_attention(q, q, q, 4, layout="zigzag")
+
+
 def test_no_process_group_is_a_clear_error():
     q = torch.randn(1, 2, 8, 16)
     with pytest.raises(ValueError, match="no process group is initialised"):
@@ -210,6 +240,81 @@ def test_bad_input_raises_on_every_rank(world_size, name):
         assert got[name][0] == kind, (rank, got[name])
         assert re.search(message, got[name][1]), (rank, got[name][1])
     assert all(got["good call"] == [1, 2, 8, 16] for got in refusals)  # and the group still works afterwards
+
+
+def ring_extras(rank, world_size):
+    """Run by each gloo process (:func:`_extras`): a scale other than 1/sqrt(D), the forward without autograd,
+    shard and unshard along dim 1, and bad inputs on one rank that ``compare.refusals`` does not try."""
+    c = compare.case(B=1, Hq=2, Hkv=1, n_local=6, causal=True, layout="zigzag")
+    q, k, v, do = compare.inputs(c, world_size)
+    scale = 0.3
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    o64 = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, scale=scale, enable_gqa=True)
+    o64.backward(do.double())
+    local = [shard(t, 2, "zigzag").requires_grad_() for t in (q, k, v)]
+    o = ring_attention(*local, causal=True, scale=scale, layout="zigzag")
+    o.backward(shard(do, 2, "zigzag"))
+    pairs = zip(compare.RESULTS, (o.detach(), *(t.grad for t in local)), (o64.detach(), q64.grad, k64.grad, v64.grad),
+                strict=True)
+    errors = {f"{name}, scale {scale}": rel_error(x, shard(r, 2, "zigzag")) for name, x, r in pairs}
+    with torch.no_grad():
+        o_plain = ring_attention(*(t.detach() for t in local), causal=True, layout="zigzag")
+        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True, enable_gqa=True)
+    errors["o without autograd"] = rel_error(o_plain, shard(want, 2, "zigzag"))
+
+    x = torch.randn(2, 6 * world_size, 3, 4, generator=torch.Generator().manual_seed(2))  # (B, N, H, D)
+    mine = shard(x, 1, "zigzag")
+    sharding = {"shard": torch.equal(mine, x[:, layouts.positions(rank, world_size, 6, "zigzag")]),
+                "unshard": torch.equal(unshard(mine, 1, "zigzag"), x)}
+
+    gen = torch.Generator().manual_seed(1)
+    good = [torch.randn(1, 2, 8, 16, generator=gen) for _ in range(3)]
+    refusals = {
+        "scale on one rank": compare._attempt(lambda: ring_attention(*good, scale=0.3 if rank == 0 else None)),
+        "dtype on one rank": compare._attempt(lambda: ring_attention(*(t.half() if rank == 0 else t for t in good))),
+        "key/value heads on one rank": compare._attempt(lambda: ring_attention(
+            good[0], *(t[:, :1] if rank == 0 else t for t in good[1:]))),
+        "q and k lengths differ": compare._attempt(lambda: ring_attention(good[0], good[1][:, :, :6],
+                                                                          good[2][:, :, :6])),
+    }
+    return {"errors": errors, "sharding": sharding, "refusals": refusals}
+
+
+EXTRAS = {}
+
+
+def _extras():
+    """:func:`ring_extras` on 3 gloo processes, once."""
+    if not EXTRAS:
+        EXTRAS["results"] = processes.run_gloo(ring_extras, 3, timeout=120)
+    return EXTRAS["results"]
+
+
+def test_custom_scale_and_forward_without_autograd_match_float64():
+    for rank, got in enumerate(_extras()):
+        for name, error in got["errors"].items():
+            assert error < TOLERANCE, (rank, name, error)
+
+
+def test_shard_and_unshard_along_another_dim():
+    for rank, got in enumerate(_extras()):
+        assert got["sharding"] == {"shard": True, "unshard": True}, rank
+
+
+MORE_REFUSALS = {
+    "scale on one rank": r"same scale.*rank 0: scale = 0.3",
+    "dtype on one rank": r"same dtype.*rank 0: dtype = torch.float16",
+    "key/value heads on one rank": r"same key/value heads.*rank 0: key/value heads = 1",
+    "q and k lengths differ": r"shards of one sequence, of one length n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(MORE_REFUSALS))
+def test_more_bad_inputs_raise_on_every_rank(name):
+    for rank, got in enumerate(_extras()):
+        assert got["refusals"][name] is not None, (rank, name)
+        assert got["refusals"][name][0] == "ValueError", (rank, got["refusals"][name])
+        assert re.search(MORE_REFUSALS[name], got["refusals"][name][1]), (rank, got["refusals"][name][1])
 
 
 @pytest.mark.parametrize("world_size", (2, 3))
