@@ -23,11 +23,11 @@ def leaf(t):
     return t.detach().clone().requires_grad_()
 
 
-def torch_grads(q, k, v, do, causal, enable_gqa=False, scale=None):
+def torch_grads(q, k, v, do, causal, enable_gqa=False, scale=None, attn_mask=None):
     """Output and gradients by torch's own SDPA in float64."""
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, scale=scale,
-                                                           enable_gqa=enable_gqa)
+    out = torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, attn_mask=attn_mask, is_causal=causal,
+                                                           scale=scale, enable_gqa=enable_gqa)
     out.backward(do.double())
     return out.detach(), (q64.grad, k64.grad, v64.grad)
 
@@ -182,3 +182,41 @@ def test_sdpa_full_size_on_gpu(dtype, causal):
         ref_out, ref_grads = torch_grads(q, k, v, do, causal, enable_gqa=True)
         assert rel_error(out, ref_out) < TOL[dtype]
         assert max(grad_errors(grads, ref_grads)) < TOL[dtype], (HQ, HKV, L, S, E)
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["no mask", "attn_mask"])
+@pytest.mark.parametrize("lead", [(), (2, 3)], ids=["3-D", "5-D"])
+def test_sdpa_leading_dimensions_with_grouped_heads_and_unequal_lengths(lead, mask):
+    """(…, H, L, E) inputs other than 4-D, with Hq ≠ Hkv and L ≠ S: the heads are the dimension before L, and the
+    output comes back shaped like the query."""
+    gen = torch.Generator().manual_seed(21)
+    q, do = (randn(*lead, 4, 24, 16, dtype=torch.float32, gen=gen) for _ in range(2))
+    k, v = (randn(*lead, 2, 40, 16, dtype=torch.float32, gen=gen) for _ in range(2))
+    attn_mask = (torch.rand(24, 40, generator=gen) < 0.7).to(runtime.DEVICE) if mask else None
+    causal = not mask  # (torch takes an attn_mask or is_causal)
+    out, grads = ours(flashattn.scaled_dot_product_attention, q, k, v, do, attn_mask=attn_mask, is_causal=causal,
+                      enable_gqa=True)
+    ref_out, ref_grads = torch_grads(q, k, v, do, causal, enable_gqa=True, attn_mask=attn_mask)
+    assert out.shape == q.shape and rel_error(out, ref_out) < TOL[torch.float32]
+    assert max(grad_errors(grads, ref_grads)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("which", ["k", "v", "kv"])
+def test_sdpa_gradients_reach_whichever_inputs_ask_for_them(which):
+    """A query that takes no gradient (a frozen projection) and keys or values that do."""
+    gen = torch.Generator().manual_seed(22)
+    q, k, v, do = (randn(1, 2, 30, 16, dtype=torch.float32, gen=gen) for _ in range(4))
+    leaves = {name: leaf(t) if name in which else t for name, t in zip("qkv", (q, k, v), strict=True)}
+    out = flashattn.scaled_dot_product_attention(*leaves.values(), is_causal=True)
+    out.backward(do)
+    _, ref_grads = torch_grads(q, k, v, do, True)
+    for name, want in zip("qkv", ref_grads, strict=True):
+        if name in which:
+            assert rel_error(leaves[name].grad, want) < TOL[torch.float32], name
+
+
+def test_sdpa_names_a_key_of_another_head_dimension():
+    """Refused by the drop-in's own check, for 3-D inputs too (not a reshape's RuntimeError)."""
+    q, k = torch.randn(2, 8, 16, device=runtime.DEVICE), torch.randn(2, 8, 8, device=runtime.DEVICE)
+    with pytest.raises(ValueError, match=r"key's last dimension must equal query's \(E=16\)"):
+        flashattn.scaled_dot_product_attention(q, k, q)

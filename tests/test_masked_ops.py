@@ -124,3 +124,9 @@ def test_a_compiled_window_is_the_window():
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.double(), k.double(), v.double(), attn_mask=mb.window_mask(33, 33, (4, 0), True, device=q.device))
     assert rel_error(out, ref.to(out.dtype)) < TOL[DTYPE]
+
+
+def test_the_masked_forward_operators_log_sum_exp_takes_no_gradient():
+    _, q, k, v, spec = _specs()[0]
+    o, lse = ops.MASKED_FORWARD(*leaves(q, k, v), *_mask_args(spec))
+    assert o.requires_grad and not lse.requires_grad

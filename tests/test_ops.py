@@ -6,9 +6,12 @@ On the CPU torch.compile runs with backend "aot_eager" (Dynamo and AOTAutograd, 
 with the default (Inductor).
 """
 
+import contextlib
+
 import pytest
 import torch
 from helpers import DTYPES, TOL, qkv, rel_error
+from torch.utils.flop_counter import FlopCounterMode
 
 import flashattn
 from flashattn import ops, runtime
@@ -183,6 +186,9 @@ def test_a_bad_option_is_refused_under_compile_too():
     with pytest.raises(ValueError, match="block_m") as compiled:
         torch.compile(call, backend=BACKEND)(q, k, v)
     assert str(compiled.value) == str(eager.value)
+    torch._dynamo.reset()  # fullgraph: Dynamo reports eager's ValueError as Unsupported while tracing, before any run
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="block_m"):
+        torch.compile(call, fullgraph=True, backend=BACKEND)(q, k, v)
 
 
 def test_a_call_with_something_else_than_tensors_gets_the_kernels_type_error():
@@ -197,3 +203,46 @@ def test_the_operators_check_inputs_themselves():
         ops.FORWARD(q, k, v[..., :4, :], False, None, "")
     with pytest.raises(TypeError, match="unknown option"):
         ops.FORWARD(q, k, v, False, None, "tile=3")
+
+
+def test_options_encode_the_same_in_any_order():
+    """One string per set of options, whatever the dict's order: the string is a constant of the compiled graph (a
+    second spelling would compile again) and the key of the backward options' cache."""
+    assert ops.encode({"num_warps": 4, "block_m": 64}) == ops.encode({"block_m": 64, "num_warps": 4})
+    assert ops.encode({"num_warps": 4, "block_m": 64}) == "block_m=64;num_warps=4"
+
+
+def test_the_forward_operators_log_sum_exp_takes_no_gradient():
+    q, k, v = (leaf(t) for t in qkv(1, 2, 8, 16, torch.float32, 9))
+    o, lse = ops.FORWARD(q, k, v, False, None, "")
+    assert o.requires_grad and not lse.requires_grad
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["eager", "operators"])
+def test_forward_tiles_are_not_handed_to_the_backward(watched):
+    """``attention(..., variant="fast", block_m=16, ...)`` with gradients: the tiles are the forward's own, only
+    BACKWARD_OPTIONS reach the backward, on the direct path (_Eager) and through the operators (a dispatch mode)."""
+    q, k, v = (leaf(t) for t in qkv(1, 2, 40, 16, torch.float32, 10))
+    do = qkv(1, 2, 40, 16, torch.float32, 11)[0]
+    with FlopCounterMode(display=False) if watched else contextlib.nullcontext():
+        out = flashattn.attention(q, k, v, variant="fast", causal=True, block_m=16, block_n=16, input_precision="ieee")
+        out.backward(do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, is_causal=True)
+    ref.backward(do.double())
+    assert rel_error(out, ref) < TOL[torch.float32]
+    for got, want in zip((q.grad, k.grad, v.grad), (q64.grad, k64.grad, v64.grad), strict=True):
+        assert rel_error(got, want) < 4 * TOL[torch.float32]
+
+
+def test_opcheck_of_the_backward_on_views_of_a_fused_projection():
+    """The gradients laid out like their inputs, (B, N, H, D) memory here: the backward's fake implementation says so,
+    and the kernel must do so (opcheck compares their strides)."""
+    q, k, v = fused_views(2, 2, 17, 16, torch.float32, 12)
+    o, lse = ops.FORWARD(q, k, v, True, None, "")
+    do = fused_views(2, 2, 17, 16, torch.float32, 13)[0]
+    result = torch.library.opcheck(ops.BACKWARD, (q, k, v, o, lse, do, True, None, ""))
+    assert set(result.values()) == {"SUCCESS"}, result
+    dq, dk, dv = ops.BACKWARD(q, k, v, o, lse, do, True, None, "")
+    assert all(g.transpose(1, 2).is_contiguous() for g in (dq, dk, dv))
+

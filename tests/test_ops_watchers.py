@@ -135,3 +135,29 @@ def test_without_a_watcher_eager_calls_stay_direct():
         assert not ops.direct(q, q, q)
     out = flashattn.scaled_dot_product_attention(q, q, q)
     assert type(out.grad_fn).__name__ == "_EagerBackward"
+
+
+def test_fake_tensors_get_torchs_shapes_through_the_operators():
+    """Fake tensors (a tensor subclass: what torch.export and shape propagation hand a model) used outside their mode
+    go through the operators, whose fake implementations give the shapes, and never reach a kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    q, k, v = (mode.from_tensor(random(2, 4, 17, 32, seed=s)) for s in (10, 11, 12))
+    out = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with mode:
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert (out.shape, out.dtype, out.stride()) == (want.shape, want.dtype, want.stride())
+    out.sum().backward()
+    assert q.grad.shape == q.shape
+
+
+def test_flop_counter_counts_packed_documents_by_their_own_query_and_key_lengths():
+    q, kv = random(30, 2, 16, seed=13), random(20, 2, 16, seed=14)
+    cu_q, cu_k = (torch.tensor(cu, dtype=torch.int32, device=runtime.DEVICE) for cu in ([0, 7, 30], [0, 12, 20]))
+    with flop_counter.FlopCounterMode(display=False) as counter:
+        flashattn.attention_varlen(q, kv, kv, cu_q, cu_k, 23, 12).sum().backward()
+    counts = counter.get_flop_counts()["Global"]
+    assert counts[torch.ops.flashattn.masked_forward] == sdpa_count(1, 2, 7, 12, 16) + sdpa_count(1, 2, 23, 8, 16)
+    assert counts[torch.ops.flashattn.masked_backward] == (sdpa_count(1, 2, 7, 12, 16, backward=True)
+                                                           + sdpa_count(1, 2, 23, 8, 16, backward=True))
