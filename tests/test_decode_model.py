@@ -193,3 +193,59 @@ def test_generation_measurement_code_path():
     timing = measure.step_times(model, prompt, 3, rounds=1)
     assert set(timing["tokens_per_s"]) == {"flashattn", "sdpa"}
     assert all(len(t) == 1 for t in timing["ms_rounds"].values())
+
+
+@pytest.mark.parametrize("attention", [flashattn.attention_with_kvcache, sdpa_with_kvcache])
+def test_a_prompt_in_chunks_through_the_cache_gives_the_logits_without(attention):
+    # prefill 5, then a chunk of 4 against the 5 cached (Lq = 4 < 9 keys: bottom right, positions 5..8), then 1
+    model = small_model()
+    tokens = torch.randint(0, 16, (2, 10), generator=torch.Generator().manual_seed(4)).to(runtime.DEVICE)
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.new_cache(2, attention=attention)
+        chunks = [model(tokens[:, a:b], cache) for a, b in ((0, 5), (5, 9), (9, 10))]
+    assert cache.length == 10
+    assert rel_error(torch.cat(chunks, 1), full) < 1e-5
+
+
+def test_generate_fills_the_position_embeddings_and_wants_an_empty_cache():
+    model = small_model()
+    prompt = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(5)).to(runtime.DEVICE)
+    full = model.generate(prompt, 8)  # 12 + 8 = seq_len: the last token is predicted at position 19
+    assert torch.equal(model.generate(prompt, 8, model.new_cache(2)), full)
+    with pytest.raises(ValueError, match="seq_len"):
+        model.generate(prompt, 9)
+    cache = model.new_cache(2)
+    model.generate(prompt, 1, cache)
+    with pytest.raises(ValueError, match="empty"):
+        model.generate(prompt, 1, cache)
+
+
+def test_generation_measurements_use_each_attention(monkeypatch):
+    # tokens_agree scores each cache loop by its own attention (a wrong one scores below 1), and step_times' two
+    # loops attend over the same prompt keys (the flashattn cache gets the SDPA prefill's)
+    model = small_model()
+    prompt = torch.randint(0, 16, (2, 5), generator=torch.Generator().manual_seed(3)).to(runtime.DEVICE)
+
+    def no_attention(q, k_cache, v_cache, cache_seqlens, *, causal=True):
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(measure, "sdpa_with_kvcache", no_attention)
+    agree = measure.tokens_agree(model, prompt, 4)
+    assert agree["flashattn"] == 1.0 and agree["sdpa"] < 1.0
+    monkeypatch.undo()
+
+    seen = {}
+
+    def spy(name, attention):
+        def fn(q, k_cache, v_cache, cache_seqlens, **kw):
+            if q.shape[1] == 1:  # a step: the prompt's keys (layer 0 first) as this loop sees them
+                seen.setdefault(name, k_cache[:, :prompt.shape[1]].clone())
+            return attention(q, k_cache, v_cache, cache_seqlens, **kw)
+        return fn
+
+    monkeypatch.setattr(measure, "attention_with_kvcache", spy("flashattn", flashattn.attention_with_kvcache))
+    monkeypatch.setattr(measure, "sdpa_with_kvcache", spy("sdpa", sdpa_with_kvcache))
+    measure.step_times(model, prompt, 2, rounds=1)
+    assert set(seen) == {"flashattn", "sdpa"} and seen["sdpa"].abs().sum() > 0
+    assert torch.equal(seen["flashattn"], seen["sdpa"])
