@@ -141,6 +141,16 @@ def test_fast_backward_gqa_and_unequal_lengths(causal, dq_mode):
         assert max(errs) < TOL[torch.float16], (L, S, errs)
 
 
+@pytest.mark.parametrize("dq_mode", ["kernel", "atomic"])
+def test_fast_backward_causal_with_key_blocks_wider_than_query_blocks(dq_mode):
+    """dK/dV tiles with block_n > block_m: a K/V block's causal diagonal spans several Q blocks, all masked (the
+    other tests' tiles have block_n <= block_m, where the diagonal is one Q block)."""
+    q, k, v, do = make_inputs(1, 2, 2, 70, 70, 32, torch.float32, seed=11)
+    errs = run_backward(attention_backward_fast, q, k, v, do, True, dq_mode=dq_mode,
+                        dkdv_tiles=(16, 32, 4, 1), dq_tiles=(16, 32, 4, 1))
+    assert max(errs) < TOL[torch.float32], errs
+
+
 @pytest.mark.parametrize("D", [128, 200, 256])
 def test_backward_large_head_dims(D):
     q, k, v, do = make_inputs(1, 2, 1, 20, 33, D, torch.float16, seed=D)
